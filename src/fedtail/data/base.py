@@ -6,7 +6,7 @@ dataset costs one byte per pixel and a batch is an index lookup (no DataLoader).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -47,16 +47,29 @@ class Dataset:
     mean: tuple[float, ...]
     std: tuple[float, ...]
     class_names: tuple[str, ...] = ()
+    # Built once: rebuilding them per batch costs more than the normalisation itself.
+    _mean_t: torch.Tensor = field(init=False, repr=False, compare=False)
+    _std_t: torch.Tensor = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if len(self.mean) != len(self.std):
+            raise ValueError(f"mean has {len(self.mean)} values but std has {len(self.std)}")
+        if any(s <= 0 for s in self.std):
+            raise ValueError(f"std values must be positive, got {self.std}")
+        object.__setattr__(self, "_mean_t", torch.tensor(self.mean, dtype=torch.float32))
+        object.__setattr__(self, "_std_t", torch.tensor(self.std, dtype=torch.float32))
 
     def batch(self, split: Split, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Normalised float32 inputs and labels for the rows ``index`` of ``split``."""
         return self.normalize(split.x[index]), split.y[index]
 
     def normalize(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.float()
-        if self.train.x.dtype == torch.uint8:
-            x = x.mul_(1.0 / 255.0)
+        """Float32 ``(x / 255 if uint8 else x) - mean) / std`` per channel; never modifies ``x``."""
+        if x.dtype == torch.uint8:
+            x = x.to(torch.float32).mul_(1.0 / 255.0)
+        else:
+            # copy=True: a float32 input would otherwise be normalised in place (and with it
+            # the dataset storage it may be a view of).
+            x = x.to(torch.float32, copy=True)
         shape = (1, -1) + (1,) * (x.dim() - 2)
-        mean = torch.tensor(self.mean, dtype=torch.float32).view(shape)
-        std = torch.tensor(self.std, dtype=torch.float32).view(shape)
-        return x.sub_(mean).div_(std)
+        return x.sub_(self._mean_t.view(shape)).div_(self._std_t.view(shape))

@@ -1,0 +1,148 @@
+"""The algorithm contract: a server half and a client half that exchange named payloads.
+
+An algorithm never learns whether it runs in the simulator or on Flower. Its server half is
+plain sequential code that calls ``comm.exchange`` (or ``comm.stream``) as often as a round
+needs; its client half answers one :class:`Message` at a time, with the client's data, a
+reusable model workspace and the client's persistent state handed in by the engine through a
+:class:`ClientContext`. See ``docs/architecture.md``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Iterator, Mapping, Protocol
+
+import torch
+from pydantic import BaseModel, ConfigDict
+
+if TYPE_CHECKING:  # pragma: no cover - imports for type checkers only
+    from fedtail.engine.context import ClientContext, ServerContext
+
+Tensors = dict[str, torch.Tensor]
+Scalar = int | float | str | bool
+
+
+@dataclass
+class Message:
+    """One payload between server and client, in either direction.
+
+    ``kind`` names the client method that handles it ("fit", "evaluate", or any name an
+    algorithm defines); ``tensors`` are named tensors (weights, prototypes, gradients, maps);
+    ``config`` is small instructions; ``metrics`` are numbers reported back.
+    """
+
+    kind: str = "fit"
+    tensors: Tensors = field(default_factory=dict)
+    config: dict[str, Scalar] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes this message puts on the wire (tensor payloads only)."""
+        return sum(t.numel() * t.element_size() for t in self.tensors.values())
+
+
+class Comm(Protocol):
+    """What a server half can do during a round; provided by the engine (simulator or Flower)."""
+
+    def exchange(self, messages: Mapping[int, Message]) -> dict[int, Message]:
+        """Send one message to each named client; return their replies keyed by client id."""
+        ...
+
+    def stream(self, messages: Mapping[int, Message]) -> Iterator[tuple[int, Message]]:
+        """Like :meth:`exchange` but yields replies one at a time in client-id order,
+        so a streaming aggregate never holds every client's model at once."""
+        ...
+
+    def exchange_via_edges(self, messages: Mapping[int, Message]) -> dict[int, dict[int, Message]]:
+        """Send to clients; each edge server's half reduces its clients' replies; return
+        ``{edge_id: {key: message}}`` as the edges forward them to the server."""
+        ...
+
+    def log(self, **values: Any) -> None:
+        """Record JSON-serialisable per-round values (cluster assignments, kappa, ...)."""
+        ...
+
+
+class AlgorithmConfig(BaseModel):
+    """Options of one algorithm, set with ``--set NAME.key=value``; subclasses add fields."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ServerHalf:
+    """Server side of an algorithm. Subclasses implement :meth:`run_round`."""
+
+    def __init__(self, ctx: ServerContext) -> None:
+        self.ctx = ctx
+
+    def run_round(self, rnd: int, clients: list[int], comm: Comm) -> None:
+        """Run communication round ``rnd`` (1-based) with the sampled ``clients``."""
+        raise NotImplementedError
+
+    def evaluation_message(self, cid: int) -> Message:
+        """What client ``cid`` needs to evaluate its current model (default: the global model)."""
+        weights = self.global_weights()
+        return Message(kind="evaluate", tensors=weights or {})
+
+    def global_weights(self) -> Tensors | None:
+        """The global model's full state dict, or None where the method has no global model."""
+        return None
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume after the current round (for checkpoints)."""
+        return {k: v for k, v in vars(self).items() if k != "ctx"}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        vars(self).update(state)
+
+
+class ClientHalf:
+    """Client side of an algorithm: one method per message kind; stateless between calls.
+
+    Anything a client must remember across rounds goes in ``ctx.state`` (a dict the engine
+    keeps per client and hands back next time).
+    """
+
+    def handle(self, msg: Message, ctx: ClientContext) -> Message:
+        method = getattr(self, msg.kind, None)
+        if method is None or msg.kind.startswith("_"):
+            raise ValueError(f"{type(self).__name__} cannot handle message kind {msg.kind!r}")
+        return method(msg, ctx)
+
+    def evaluate(self, msg: Message, ctx: ClientContext) -> Message:
+        """Default: evaluate the weights in the message (the global model) on local test data."""
+        if msg.tensors:
+            ctx.load(msg.tensors)
+        return ctx.evaluate()
+
+
+class EdgeHalf:
+    """Optional middle tier (edge servers between clients and the server, as in MuPFL's ACMU).
+
+    ``reduce`` receives the replies of the clients assigned to one edge and returns what the
+    edge forwards to the server, keyed as the algorithm likes (client ids, or one summary).
+    """
+
+    def __init__(self, ctx: ServerContext) -> None:
+        self.ctx = ctx
+
+    def reduce(self, edge_id: int, replies: dict[int, Message]) -> dict[int, Message]:
+        return replies
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """Registry entry: a name, a one-line summary, and the classes making up the algorithm."""
+
+    name: str
+    summary: str
+    server: type[ServerHalf]
+    client: type[ClientHalf]
+    config: type[AlgorithmConfig] = AlgorithmConfig
+    edge: type[EdgeHalf] | None = None
+    has_global_model: bool = True
+    registry: ClassVar[dict[str, "Algorithm"]] = {}
+
+    def __post_init__(self) -> None:
+        Algorithm.registry[self.name] = self

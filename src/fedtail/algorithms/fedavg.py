@@ -1,0 +1,49 @@
+"""FedAvg: Communication-Efficient Learning of Deep Networks from Decentralized Data.
+
+McMahan et al., AISTATS 2017 (Algorithm 1). Each round the server sends the global model
+w^t to the sampled clients S_t; client k runs E epochs of SGD on its n_k samples, giving
+w_k^{t+1}; the server sets
+
+    w^{t+1} = Σ_{k∈S_t} (n_k / n_S) · w_k^{t+1},   n_S = Σ_{k∈S_t} n_k.
+
+Personalised accuracy is the global model evaluated on each client's local test data.
+"""
+
+from __future__ import annotations
+
+from fedtail.algorithms.aggregate import WeightedMean
+from fedtail.algorithms.base import Algorithm, ClientHalf, Comm, Message, ServerHalf, Tensors
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from fedtail.engine.context import ClientContext, ServerContext
+
+
+class FedAvgServer(ServerHalf):
+    def __init__(self, ctx: ServerContext) -> None:
+        super().__init__(ctx)
+        self.weights: Tensors = dict(ctx.init_weights)
+
+    def run_round(self, rnd: int, clients: list[int], comm: Comm) -> None:
+        mean = WeightedMean()
+        for _, reply in comm.stream({cid: Message("fit", self.weights) for cid in clients}):
+            mean.add(reply.tensors, reply.metrics["num_examples"])
+        self.weights = mean.result()
+
+    def global_weights(self) -> Tensors:
+        return self.weights
+
+
+class FedAvgClient(ClientHalf):
+    def fit(self, msg: Message, ctx: ClientContext) -> Message:
+        ctx.load(msg.tensors)
+        ctx.train()
+        return ctx.reply(ctx.weights())
+
+
+FEDAVG = Algorithm(
+    name="fedavg",
+    summary="FedAvg (McMahan et al. 2017): sample-weighted average of locally trained models",
+    server=FedAvgServer,
+    client=FedAvgClient,
+)

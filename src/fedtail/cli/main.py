@@ -1,0 +1,287 @@
+"""The ``fedtail`` command line: run, list, partition.
+
+Every bad input ends in one line ``error: ...`` naming the flag or key and what is allowed,
+with exit code 2, before any run folder is created.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from fedtail.errors import FedtailError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Personalized federated learning on long-tailed data.")
+console = Console(stderr=True)
+
+
+def fail(message: str) -> None:
+    console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(2)
+
+
+# Flag name -> location in the raw config dict. Flags left unset do not override the file.
+FLAG_KEYS: dict[str, tuple[str, ...]] = {
+    "algorithm": ("algorithm",),
+    "dataset": ("dataset",),
+    "data_dir": ("data_dir",),
+    "model": ("model",),
+    "partition": ("partition", "scheme"),
+    "imbalance": ("partition", "imbalance"),
+    "alpha": ("partition", "alpha"),
+    "clients": ("partition", "num_clients"),
+    "min_samples": ("partition", "min_samples"),
+    "balanced": ("partition", "balanced"),
+    "classes_per_client": ("partition", "classes_per_client"),
+    "iid_fraction": ("partition", "iid_fraction"),
+    "samples_per_client": ("partition", "samples_per_client"),
+    "quantity": ("partition", "quantity"),
+    "classes_per_stage": ("partition", "classes_per_stage"),
+    "stages": ("partition", "stages"),
+    "test_fraction": ("partition", "test_fraction"),
+    "local_test": ("partition", "local_test"),
+    "val_fraction": ("partition", "val_fraction"),
+    "fraction": ("fraction",),
+    "rounds": ("rounds",),
+    "local_epochs": ("train", "local_epochs"),
+    "batch_size": ("train", "batch_size"),
+    "lr": ("train", "lr"),
+    "momentum": ("train", "momentum"),
+    "weight_decay": ("train", "weight_decay"),
+    "lr_decay": ("train", "lr_decay"),
+    "seed": ("seed",),
+    "workers": ("workers",),
+    "threads": ("threads",),
+    "eval_every": ("eval_every",),
+    "eval_split": ("eval_split",),
+}
+
+
+def _parse_quantity(text: str) -> list[int]:
+    try:
+        low, high = (int(p) for p in text.split(":"))
+    except ValueError:
+        raise FedtailError(f"--quantity expects MIN:MAX such as 50:350 (got {text!r})") from None
+    if not 1 <= low <= high:
+        raise FedtailError(f"--quantity needs 1 <= MIN <= MAX (got {text!r})")
+    return [low, high]
+
+
+def raw_from_flags(flags: dict[str, Any], config_file: Optional[Path]) -> dict[str, Any]:
+    from fedtail.config import load_toml, merge
+
+    raw: dict[str, Any] = load_toml(config_file) if config_file else {}
+    override: dict[str, Any] = {}
+    for name, value in flags.items():
+        if value is None:
+            continue
+        if name == "quantity":
+            value = _parse_quantity(value)
+        target = override
+        *parents, leaf = FLAG_KEYS[name]
+        for part in parents:
+            target = target.setdefault(part, {})
+        target[leaf] = value
+    return merge(raw, override)
+
+
+def _progress() -> Progress:
+    return Progress(
+        TextColumn("[bold]round"),
+        MofNCompleteColumn(),
+        BarColumn(),
+        TextColumn("{task.fields[acc]}"),
+        TimeElapsedColumn(),
+        TextColumn("eta"),
+        TimeRemainingColumn(),
+        console=console,
+        disable=not console.is_terminal and not _force_progress(),
+    )
+
+
+def _force_progress() -> bool:
+    import os
+
+    return os.environ.get("FEDTAIL_PROGRESS") == "1"
+
+
+def execute_run(config, out: Path, quiet: bool = False) -> dict[str, Any]:
+    """Prepare, run and record one experiment into ``out``; returns the summary."""
+    from fedtail.engine import prepare
+    from fedtail.engine.simulation import Simulation
+    from fedtail.report import RunWriter
+
+    dataset, partition = prepare(config)  # raises before anything is written
+    writer = RunWriter(out)
+    sim = Simulation(config, dataset, partition, on_eval=writer.append_metrics)
+    writer.start(config.model_dump(mode="json"), {"partition.json": partition.summary()})
+    with _progress() as progress:
+        task = progress.add_task("run", total=config.rounds, acc="")
+
+        def on_round(rnd: int, row: dict[str, Any] | None) -> None:
+            fields = {}
+            if row is not None:
+                g = row.get("global_acc")
+                fields["acc"] = f"pers {row['personalized_acc']:.4f}" + (f" glob {g:.4f}" if g is not None else "")
+            progress.update(task, completed=rnd, **fields)
+
+        sim.on_round = on_round
+        try:
+            summary = sim.run()
+        except BaseException as err:
+            writer.fail(err)
+            raise
+    summary = {"algorithm": config.algorithm, "dataset": config.dataset, "seed": config.seed} | summary
+    writer.finish(summary)
+    return summary
+
+
+@app.command()
+def run(
+    algorithm: Optional[str] = typer.Option(None, "--algorithm", "-a", help="algorithm name (see `fedtail list`)"),
+    dataset: Optional[str] = typer.Option(None, help="dataset name"),
+    model: Optional[str] = typer.Option(None, help="model name"),
+    partition: Optional[str] = typer.Option(None, help="iid | dirichlet | pathological | dominant | stages"),
+    imbalance: Optional[float] = typer.Option(None, help="long-tail imbalance factor IF >= 1"),
+    alpha: Optional[float] = typer.Option(None, help="Dirichlet concentration > 0"),
+    clients: Optional[int] = typer.Option(None, help="number of clients"),
+    min_samples: Optional[int] = typer.Option(None, help="Dirichlet: minimum samples per client"),
+    balanced: Optional[bool] = typer.Option(None, "--balanced/--no-balanced", help="Dirichlet: CReFF equal-size re-cut"),
+    classes_per_client: Optional[int] = typer.Option(None, help="pathological: classes per client"),
+    iid_fraction: Optional[float] = typer.Option(None, help="dominant: IID fraction s"),
+    samples_per_client: Optional[int] = typer.Option(None, help="dominant: training samples per client"),
+    quantity: Optional[str] = typer.Option(None, help="per-client sample counts MIN:MAX"),
+    classes_per_stage: Optional[int] = typer.Option(None, help="stages: classes per stage task"),
+    stages: Optional[int] = typer.Option(None, help="stages: stage tasks per client"),
+    test_fraction: Optional[float] = typer.Option(None, help="local test size / training size"),
+    local_test: Optional[str] = typer.Option(None, help="sampled (from the official test split) | holdout"),
+    val_fraction: Optional[float] = typer.Option(None, help="per-client validation fraction"),
+    fraction: Optional[float] = typer.Option(None, help="fraction of clients per round, in (0, 1]"),
+    rounds: Optional[int] = typer.Option(None, help="communication rounds"),
+    local_epochs: Optional[int] = typer.Option(None, help="local epochs per round"),
+    batch_size: Optional[int] = typer.Option(None, help="batch size"),
+    lr: Optional[float] = typer.Option(None, help="learning rate"),
+    momentum: Optional[float] = typer.Option(None, help="SGD momentum"),
+    weight_decay: Optional[float] = typer.Option(None, help="SGD weight decay"),
+    lr_decay: Optional[float] = typer.Option(None, help="lr multiplier per round"),
+    seed: Optional[int] = typer.Option(None, help="random seed"),
+    workers: Optional[int] = typer.Option(None, help="client-training processes (results do not depend on it)"),
+    threads: Optional[int] = typer.Option(None, help="intra-op threads per client computation"),
+    eval_every: Optional[int] = typer.Option(None, help="evaluate every k rounds (and at the last)"),
+    eval_split: Optional[str] = typer.Option(None, help="test | val: which local split evaluations use"),
+    data_dir: Optional[str] = typer.Option(None, help="folder with the dataset files"),
+    set_: list[str] = typer.Option([], "--set", help="KEY=VALUE, e.g. fedprox.mu=0.01 or partition.min_samples=20"),
+    config_file: Optional[Path] = typer.Option(None, "--config", help="TOML file with the same keys"),
+    out: Path = typer.Option(..., "--out", help="run folder to write"),
+    overwrite: bool = typer.Option(False, help="replace a finished run in --out"),
+) -> None:
+    """Run one experiment and write config.json, metrics.jsonl and summary.json to --out."""
+    from fedtail.config import build_config
+    from fedtail.report import is_finished
+
+    flags = {k: v for k, v in locals().items() if k in FLAG_KEYS}
+    try:
+        config = build_config(raw_from_flags(flags, config_file), set_)
+        if is_finished(out) and not overwrite:
+            raise FedtailError(f"--out {out} already holds a finished run; pass --overwrite or choose another folder")
+        summary = execute_run(config, out)
+    except FedtailError as err:
+        fail(str(err))
+    print_summary(summary, out)
+
+
+def print_summary(summary: dict[str, Any], out: Path) -> None:
+    table = Table(title=f"{summary['algorithm']} on {summary['dataset']} (seed {summary['seed']})")
+    for col in ("", "round", "personalized", "weighted", "global"):
+        table.add_column(col)
+    for name in ("final", "best"):
+        s = summary[name]
+        g = s.get("global_acc")
+        table.add_row(
+            name,
+            str(s["round"]),
+            f"{s['personalized_acc']:.4f}",
+            f"{s['personalized_acc_weighted']:.4f}",
+            "-" if g is None else f"{g:.4f}",
+        )
+    Console().print(table)
+    Console().print(f"wall time {summary['wall_time_s']:.1f} s, {summary['samples_trained']} samples trained -> {out}")
+
+
+@app.command("list")
+def list_components() -> None:
+    """Algorithms, datasets, models and partitions, one line each."""
+    from fedtail.algorithms import ALGORITHMS
+    from fedtail.data import DATASETS
+    from fedtail.models import MODELS
+    from fedtail.partition import SCHEMES
+
+    for kind, entries in (
+        ("algorithm", {k: v.summary for k, v in ALGORITHMS.items()}),
+        ("dataset", DATASETS),
+        ("model", MODELS),
+        ("partition", SCHEMES),
+    ):
+        for name in sorted(entries):
+            typer.echo(f"{kind:<10} {name:<16} {entries[name]}")
+
+
+@app.command("partition")
+def partition_cmd(
+    dataset: Optional[str] = typer.Option(None, help="dataset name"),
+    partition: Optional[str] = typer.Option(None, help="iid | dirichlet | pathological | dominant | stages"),
+    imbalance: Optional[float] = typer.Option(None),
+    alpha: Optional[float] = typer.Option(None),
+    clients: Optional[int] = typer.Option(None),
+    min_samples: Optional[int] = typer.Option(None),
+    balanced: Optional[bool] = typer.Option(None, "--balanced/--no-balanced"),
+    classes_per_client: Optional[int] = typer.Option(None),
+    iid_fraction: Optional[float] = typer.Option(None),
+    samples_per_client: Optional[int] = typer.Option(None),
+    quantity: Optional[str] = typer.Option(None),
+    classes_per_stage: Optional[int] = typer.Option(None),
+    stages: Optional[int] = typer.Option(None),
+    test_fraction: Optional[float] = typer.Option(None),
+    local_test: Optional[str] = typer.Option(None),
+    val_fraction: Optional[float] = typer.Option(None),
+    seed: Optional[int] = typer.Option(None),
+    data_dir: Optional[str] = typer.Option(None),
+    set_: list[str] = typer.Option([], "--set", help="KEY=VALUE overrides"),
+    config_file: Optional[Path] = typer.Option(None, "--config"),
+    out: Path = typer.Option(..., "--out", help="JSON file to write; a PNG heatmap is written beside it"),
+) -> None:
+    """Cut a dataset into clients and write the per-client class counts (JSON + PNG heatmap)."""
+    from fedtail.config import build_config
+    from fedtail.engine import prepare
+    from fedtail.partition import plot_heatmap
+
+    flags = {k: v for k, v in locals().items() if k in FLAG_KEYS}
+    try:
+        config = build_config(raw_from_flags(flags, config_file), set_)
+        _, part = prepare(config)
+    except FedtailError as err:
+        fail(str(err))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    summary = part.summary()
+    out.write_text(json.dumps(summary, indent=1) + "\n")
+    png = out.with_suffix(".png")
+    plot_heatmap(part, png)
+    sizes = [sum(c["train_counts"]) for c in summary["clients"]]
+    typer.echo(
+        f"{len(sizes)} clients, {sum(sizes)} training samples (min {min(sizes)}, max {max(sizes)}) -> {out}, {png}"
+    )
+
+
+def main() -> None:  # pragma: no cover - console entry point
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(app())

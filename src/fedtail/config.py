@@ -1,0 +1,194 @@
+"""Typed, validated run configuration.
+
+One :class:`RunConfig` describes a run completely; ``config.json`` in every run folder is its
+fully resolved dump, and ``RunConfig.model_validate(json)`` rebuilds the run. Command-line flags,
+``--config FILE.toml`` and ``--set key=value`` all end up here.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from fedtail.errors import ConfigError
+from fedtail.partition import PartitionConfig
+
+
+class TrainConfig(BaseModel):
+    """Local training settings every algorithm reads (an algorithm may add its own)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    local_epochs: int = Field(1, ge=1, description="--local-epochs")
+    batch_size: int = Field(64, ge=1, description="--batch-size")
+    lr: float = Field(0.01, gt=0, description="--lr")
+    momentum: float = Field(0.0, ge=0, lt=1, description="--momentum")
+    weight_decay: float = Field(0.0, ge=0, description="--weight-decay")
+    lr_decay: float = Field(1.0, gt=0, le=1, description="--lr-decay: lr multiplier applied per round")
+    grad_clip: float | None = Field(None, gt=0, description="--grad-clip: max gradient norm")
+
+    def lr_at(self, rnd: int) -> float:
+        """Learning rate of round ``rnd`` (1-based)."""
+        return self.lr * self.lr_decay ** (rnd - 1)
+
+
+class RunConfig(BaseModel):
+    """Everything that defines one run; the seed makes it exactly reproducible."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    algorithm: str = "fedavg"
+    dataset: str = "fmnist"
+    dataset_options: dict[str, Any] = Field(default_factory=dict)
+    data_dir: str | None = None
+    model: str = "cnn-fmnist"
+    partition: PartitionConfig = Field(default_factory=PartitionConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    options: dict[str, Any] = Field(default_factory=dict, description="algorithm options (--set)")
+    fraction: float = Field(0.2, description="--fraction of clients sampled per round")
+    rounds: int = Field(10, ge=1)
+    seed: int = Field(0, ge=0)
+    workers: int = Field(1, ge=1, description="--workers: client-training processes")
+    threads: int = Field(1, ge=1, description="--threads: intra-op threads per client computation")
+    eval_every: int = Field(1, ge=1)
+    eval_split: Literal["test", "val"] = "test"
+    eval_global: bool = True
+    targets: list[float] = Field(default_factory=lambda: [0.5, 0.6, 0.7, 0.8, 0.9])
+    edges: int = Field(1, ge=1, description="number of edge servers (hierarchical algorithms)")
+    edge_assignment: Literal["contiguous", "round-robin", "random"] = "round-robin"
+
+    @field_validator("fraction")
+    @classmethod
+    def _fraction(cls, v: float) -> float:
+        if not 0 < v <= 1:
+            raise ValueError(f"--fraction must be in (0, 1] (got {v})")
+        return v
+
+    @field_validator("targets")
+    @classmethod
+    def _targets(cls, v: list[float]) -> list[float]:
+        if any(not 0 < t <= 1 for t in v):
+            raise ValueError(f"targets must be accuracies in (0, 1] (got {v})")
+        return sorted(v)
+
+    @model_validator(mode="after")
+    def _names(self) -> "RunConfig":
+        from fedtail.algorithms import ALGORITHMS
+        from fedtail.data import DATASETS
+        from fedtail.models import MODELS
+
+        for flag, name, known in (
+            ("--algorithm", self.algorithm, ALGORITHMS),
+            ("--dataset", self.dataset, DATASETS),
+            ("--model", self.model, MODELS),
+        ):
+            if name not in known:
+                raise ValueError(f"{flag} {name!r} is unknown; choose one of: {', '.join(sorted(known))}")
+        if self.eval_split == "val" and self.partition.val_fraction <= 0:
+            raise ValueError("eval_split 'val' needs --val-fraction > 0")
+        return self
+
+    @property
+    def clients_per_round(self) -> int:
+        return max(1, round(self.fraction * self.partition.num_clients))
+
+    def algorithm_options(self) -> Any:
+        """The algorithm's own validated option object (from ``--set NAME.key=value``)."""
+        from fedtail.algorithms import ALGORITHMS
+
+        spec = ALGORITHMS[self.algorithm]
+        try:
+            return spec.config(**self.options)
+        except ValidationError as err:
+            raise ConfigError(_first_error(err, prefix=f"--set {self.algorithm}.")) from None
+
+
+# ---------------------------------------------------------------------------------------------
+# Building a config from files, flags and --set overrides
+
+
+def _first_error(err: ValidationError, prefix: str = "") -> str:
+    e = err.errors()[0]
+    loc = ".".join(str(p) for p in e["loc"])
+    msg = e["msg"].removeprefix("Value error, ")
+    if msg.startswith("--") or not loc:
+        return msg
+    allowed = e.get("ctx", {}).get("expected")
+    hint = f" (allowed: {allowed})" if allowed else ""
+    return f"{prefix}{loc}: {msg}{hint}"
+
+
+def parse_value(text: str) -> Any:
+    """``--set`` values: JSON literals (numbers, true/false, null, lists), else the raw string."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def apply_set(raw: dict[str, Any], assignment: str) -> None:
+    """Apply one ``--set key=value`` to a raw config dict.
+
+    ``algo.key`` or ``<algorithm>.key`` sets an algorithm option; ``partition.key``,
+    ``train.key`` and ``dataset_options.key`` set nested fields; a bare key sets a top-level field.
+    """
+    key, sep, value = assignment.partition("=")
+    key = key.strip()
+    if not sep or not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"--set expects KEY=VALUE such as fedprox.mu=0.01 (got {assignment!r})")
+    parts = key.split(".")
+    head = parts[0]
+    algorithm = raw.get("algorithm", "fedavg")
+    if head in ("algo", algorithm) and len(parts) == 2:
+        raw.setdefault("options", {})[parts[1]] = parse_value(value)
+        return
+    from fedtail.algorithms import ALGORITHMS
+
+    if head in ALGORITHMS:
+        raise ConfigError(f"--set {key}: options of {head!r} do not apply to --algorithm {algorithm}")
+    target = raw
+    for part in parts[:-1]:
+        if part not in ("partition", "train", "dataset_options", "options"):
+            raise ConfigError(
+                f"--set {key}: unknown section {part!r}; use algo.KEY, partition.KEY, train.KEY or dataset_options.KEY"
+            )
+        target = target.setdefault(part, {})
+    target[parts[-1]] = parse_value(value)
+
+
+def load_toml(path: Path) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as fh:
+            return tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"--config: no such file {path}") from None
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"--config {path}: not valid TOML ({err})") from None
+
+
+def merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """Recursive dict merge: ``override`` wins, nested sections merge key by key."""
+    out = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def build_config(raw: dict[str, Any], sets: list[str] = ()) -> RunConfig:
+    """Validate a raw (file + flags) dict after applying ``--set`` overrides."""
+    raw = json.loads(json.dumps(raw))  # deep copy; also rejects non-JSON values early
+    for assignment in sets:
+        apply_set(raw, assignment)
+    try:
+        config = RunConfig.model_validate(raw)
+    except ValidationError as err:
+        raise ConfigError(_first_error(err)) from None
+    config.algorithm_options()  # validate algorithm options now, before any work starts
+    return config

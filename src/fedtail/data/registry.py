@@ -1,0 +1,71 @@
+"""Dataset names and the single entry point :func:`load_dataset`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from fedtail.data.base import Dataset
+from fedtail.data.cifar import load_cifar10, load_cifar100
+from fedtail.data.locate import SOURCES, locate
+from fedtail.data.mnist import load_fmnist, load_mnist
+from fedtail.data.synthetic import load_digits, load_synthetic
+from fedtail.errors import ConfigError
+
+DATASETS: dict[str, str] = {
+    "fmnist": "Fashion-MNIST: 60k/10k 28x28 grey clothing images, 10 classes",
+    "mnist": "MNIST: 60k/10k 28x28 grey handwritten digits, 10 classes",
+    "cifar10": "CIFAR-10: 50k/10k 32x32 colour images, 10 classes",
+    "cifar100": "CIFAR-100: 50k/10k 32x32 colour images, 100 fine classes",
+    "synthetic": "Gaussian mixture in R^dim, generated in memory (options: num_classes, dim, "
+    "train_per_class, test_per_class, separation, seed)",
+    "digits": "scikit-learn's bundled 8x8 digits (1797 images, 10 classes), stratified 80/20 split, offline",
+}
+
+_FILE_LOADERS: dict[str, Callable[[Path], Dataset]] = {
+    "fmnist": load_fmnist,
+    "mnist": load_mnist,
+    "cifar10": load_cifar10,
+    "cifar100": load_cifar100,
+}
+_GENERATED: dict[str, Callable[..., Dataset]] = {"synthetic": load_synthetic, "digits": load_digits}
+
+
+def check_name(name: str) -> str:
+    """``name`` normalised (case, dashes); ConfigError naming the allowed names otherwise."""
+    key = str(name).strip().lower().replace("-", "").replace("_", "")
+    key = {"fashionmnist": "fmnist"}.get(key, key)
+    if key not in DATASETS:
+        raise ConfigError(f"unknown dataset {name!r}; allowed: {', '.join(DATASETS)}")
+    return key
+
+
+def ensure_dataset(name: str, data_dir: str | Path | None = None, download: bool = True) -> Path | None:
+    """Path of the dataset's files (downloading if allowed); None for generated datasets."""
+    key = check_name(name)
+    if key in _GENERATED:
+        return None
+    return locate(key, data_dir, download_missing=download)
+
+
+def load_dataset(name: str, data_dir: str | Path | None = None, download: bool = True, **options: Any) -> Dataset:
+    """Load dataset ``name`` (one of :data:`DATASETS`).
+
+    File-backed datasets are searched in ``data_dir``, ``$FEDTAIL_DATA_DIR``, the system dataset
+    folders and the user cache, then downloaded into the cache if ``download``; ``options`` go to
+    generated datasets (synthetic, digits). Raises ConfigError (bad name/options) or DataError.
+    """
+    key = check_name(name)
+    if key in _GENERATED:
+        try:
+            return _GENERATED[key](**options)
+        except TypeError as exc:  # unknown keyword
+            raise ConfigError(f"bad options for dataset {key!r}: {exc}") from exc
+    if options:
+        raise ConfigError(f"dataset {key!r} takes no options, got {', '.join(sorted(options))}")
+    path = locate(key, data_dir, download_missing=download)
+    return _FILE_LOADERS[key](path)
+
+
+assert set(_FILE_LOADERS) == set(SOURCES) and set(_FILE_LOADERS) | set(_GENERATED) == set(DATASETS)

@@ -1,0 +1,248 @@
+"""What the engine hands to algorithm halves: data views, a reusable model workspace, state.
+
+A :class:`Workspace` lives once per process (main or worker). Its models and optimizers are
+built once and reused for every client: loading a client's weights is an in-place copy, and
+an optimizer is reset, not rebuilt. This is what keeps per-client cost at the cost of training.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import numpy as np
+import torch
+from torch import nn
+
+from fedtail.algorithms.base import AlgorithmConfig, Message, Tensors
+from fedtail.config import RunConfig, TrainConfig
+from fedtail.data.base import Dataset, Split
+from fedtail.engine.training import EvalCounts, ExtraLoss, TrainStats, evaluate, train_epochs
+from fedtail.models import SplitModel, build_model
+from fedtail.partition import Partition
+
+
+def derive_seed(*keys: int) -> int:
+    """A 63-bit seed from integer keys; the same keys give the same seed in any process."""
+    return int(np.random.SeedSequence([int(k) for k in keys]).generate_state(2, np.uint64)[0] >> 1)
+
+
+def initial_weights(config: RunConfig, dataset: Dataset) -> Tensors:
+    """The common starting model of a run, identical in every process."""
+    with torch.random.fork_rng(devices=[]):  # leave the caller's random stream untouched
+        torch.manual_seed(derive_seed(config.seed, 0xC0FFEE))
+        model = build_model(config.model, dataset.input_shape, dataset.num_classes)
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+class Workspace:
+    """Per-process reusable models and optimizers, keyed by role name ("main", "personal", ...)."""
+
+    def __init__(self, config: RunConfig, dataset: Dataset) -> None:
+        self.config = config
+        self.dataset = dataset
+        self._models: dict[str, SplitModel] = {}
+        self._optimizers: dict[tuple[str, tuple[int, ...]], torch.optim.SGD] = {}
+        self._init_weights: Tensors | None = None
+
+    @property
+    def init_weights(self) -> Tensors:
+        """The run's common initial model (computed once per process)."""
+        if self._init_weights is None:
+            self._init_weights = initial_weights(self.config, self.dataset)
+        return self._init_weights
+
+    def model(self, role: str = "main") -> SplitModel:
+        if role not in self._models:
+            # Workspace weights are always overwritten before use; building must not consume
+            # the task's random stream, or results would depend on which process built it.
+            with torch.random.fork_rng(devices=[]):
+                self._models[role] = build_model(self.config.model, self.dataset.input_shape, self.dataset.num_classes)
+        return self._models[role]
+
+    def optimizer(
+        self, params: Iterable[nn.Parameter], lr: float, role: str = "main", **hyper: float
+    ) -> torch.optim.SGD:
+        """An SGD optimizer over ``params`` with fresh state (momentum buffers cleared)."""
+        params = list(params)
+        key = (role, tuple(id(p) for p in params))
+        opt = self._optimizers.get(key)
+        train = self.config.train
+        settings = {"momentum": train.momentum, "weight_decay": train.weight_decay} | hyper
+        if opt is None:
+            opt = torch.optim.SGD(params, lr=lr, **settings)
+            self._optimizers[key] = opt
+        else:
+            opt.state.clear()
+            for group in opt.param_groups:
+                group.update(lr=lr, **settings)
+        return opt
+
+
+def load_weights(model: nn.Module, tensors: Tensors, strict: bool = True) -> None:
+    """Copy named tensors into ``model`` in place (no reallocation)."""
+    own = model.state_dict(keep_vars=True)
+    if strict and tensors.keys() != own.keys():
+        missing = sorted(own.keys() - tensors.keys())[:3]
+        extra = sorted(tensors.keys() - own.keys())[:3]
+        raise KeyError(f"weights do not match the model: missing {missing}, unexpected {extra}")
+    with torch.no_grad():
+        for name, value in tensors.items():
+            own[name].copy_(value)
+
+
+def get_weights(model: nn.Module, keys: Iterable[str] | None = None) -> Tensors:
+    """Detached copies of the model's named tensors (all, or only ``keys``)."""
+    state = model.state_dict()
+    names = state.keys() if keys is None else keys
+    return {k: state[k].detach().clone() for k in names}
+
+
+@dataclass
+class ClientData:
+    """Index views of one client's data (into the dataset's train/test splits)."""
+
+    train: torch.Tensor
+    test: torch.Tensor
+    val: torch.Tensor
+    test_split: Split
+    eval_split: Split
+    eval_index: torch.Tensor
+
+    @property
+    def num_train(self) -> int:
+        return len(self.train)
+
+
+@dataclass
+class ClientContext:
+    """Everything a client half may use while it answers one message."""
+
+    cid: int
+    rnd: int
+    seed: int
+    data: ClientData
+    workspace: Workspace
+    options: AlgorithmConfig
+    state: dict[str, Any] = field(default_factory=dict)
+    stats: TrainStats = field(default_factory=TrainStats)
+
+    def __post_init__(self) -> None:
+        self.generator = torch.Generator().manual_seed(self.seed)
+
+    # -- shortcuts --------------------------------------------------------------------------
+    @property
+    def dataset(self) -> Dataset:
+        return self.workspace.dataset
+
+    @property
+    def train_config(self) -> TrainConfig:
+        return self.workspace.config.train
+
+    @property
+    def num_classes(self) -> int:
+        return self.dataset.num_classes
+
+    @property
+    def lr(self) -> float:
+        return self.train_config.lr_at(self.rnd)
+
+    @property
+    def init_weights(self) -> Tensors:
+        return self.workspace.init_weights
+
+    def model(self, role: str = "main") -> SplitModel:
+        return self.workspace.model(role)
+
+    def load(self, tensors: Tensors, role: str = "main", strict: bool = True) -> SplitModel:
+        model = self.model(role)
+        load_weights(model, tensors, strict=strict)
+        return model
+
+    def weights(self, role: str = "main", keys: Iterable[str] | None = None) -> Tensors:
+        return get_weights(self.model(role), keys)
+
+    def optimizer(self, params: Iterable[nn.Parameter], lr: float | None = None, role: str = "main", **hyper: float):
+        return self.workspace.optimizer(params, self.lr if lr is None else lr, role=role, **hyper)
+
+    # -- the two things nearly every client does --------------------------------------------
+    def train(
+        self,
+        role: str = "main",
+        *,
+        epochs: int | None = None,
+        lr: float | None = None,
+        params: list[nn.Parameter] | None = None,
+        extra_loss: ExtraLoss | None = None,
+        index: torch.Tensor | None = None,
+    ) -> TrainStats:
+        """Local SGD on this client's training data; the stats also accumulate in ``ctx.stats``."""
+        model = self.model(role)
+        params = list(model.parameters()) if params is None else params
+        optimizer = self.optimizer(params, lr, role=role)
+        cfg = self.train_config
+        stats = train_epochs(
+            model,
+            optimizer,
+            self.dataset,
+            self.data.train if index is None else index,
+            epochs=cfg.local_epochs if epochs is None else epochs,
+            batch_size=cfg.batch_size,
+            generator=self.generator,
+            extra_loss=extra_loss,
+            grad_clip=cfg.grad_clip,
+            params=params,
+        )
+        self.stats += stats
+        return stats
+
+    def evaluate(self, role: str = "main", predict=None) -> Message:
+        """Per-class counts of a model on this client's evaluation data, as a reply message."""
+        counts = evaluate(
+            self.model(role), self.dataset, self.data.eval_split, self.data.eval_index, self.num_classes, predict=predict
+        )
+        return eval_message(counts)
+
+    def reply(self, tensors: Tensors | None = None, **metrics: float) -> Message:
+        """A reply carrying ``tensors`` and this call's training totals (samples, loss, steps)."""
+        base = self.stats.as_metrics() | {"num_examples": float(self.data.num_train)}
+        return Message(kind="reply", tensors=tensors or {}, metrics=base | metrics)
+
+
+def eval_message(counts: EvalCounts) -> Message:
+    return Message(
+        kind="eval",
+        tensors={"correct": counts.correct, "total": counts.total},
+        metrics={"loss_sum": counts.loss_sum},
+    )
+
+
+@dataclass
+class ServerContext:
+    """What a server (or edge) half may use: run settings, client sizes, a model workspace."""
+
+    config: RunConfig
+    options: AlgorithmConfig
+    workspace: Workspace
+    partition: Partition
+    client_train_sizes: np.ndarray
+    init_weights: Tensors
+    edge_of: np.ndarray  # client id -> edge id
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.client_train_sizes)
+
+    @property
+    def dataset(self) -> Dataset:
+        return self.workspace.dataset
+
+    @property
+    def num_classes(self) -> int:
+        return self.dataset.num_classes
+
+    def model(self, role: str = "server") -> SplitModel:
+        return self.workspace.model(role)
+
+    def seed(self, *keys: int) -> int:
+        return derive_seed(self.config.seed, 0x5E4, *keys)

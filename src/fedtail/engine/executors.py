@@ -1,0 +1,145 @@
+"""Where client work runs: in this process (serial) or in a pool of worker processes.
+
+Every client task is seeded from (run seed, round, call, client id) only, and every process
+runs with the same number of intra-op threads, so the worker count never changes a result:
+``--workers 4`` reproduces ``--workers 1`` bit for bit.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import torch
+import torch.multiprocessing as mp
+
+from fedtail.algorithms.base import ClientHalf, Message
+from fedtail.config import RunConfig
+from fedtail.data.base import Dataset
+from fedtail.engine.context import ClientContext, ClientData, Workspace, derive_seed
+from fedtail.partition import Partition
+
+
+@dataclass
+class Task:
+    cid: int
+    rnd: int
+    call: int  # index of the exchange within the round (a round may exchange several times)
+    message: Message
+    state: dict[str, Any]
+
+
+@dataclass
+class Result:
+    cid: int
+    reply: Message
+    state: dict[str, Any]
+    seconds: float
+
+
+def client_views(partition: Partition, dataset: Dataset, eval_split: str) -> list[ClientData]:
+    """Index tensors of every client, built once per process."""
+    test_split = dataset.test if partition.test_source == "test" else dataset.train
+    views = []
+    for client in partition.clients:
+        train = torch.as_tensor(client.train, dtype=torch.int64)
+        test = torch.as_tensor(client.test, dtype=torch.int64)
+        val = torch.as_tensor(client.val, dtype=torch.int64)
+        if eval_split == "val":
+            split, index = dataset.train, val
+        else:
+            split, index = test_split, test
+        views.append(ClientData(train, test, val, test_split, split, index))
+    return views
+
+
+class ClientRuntime:
+    """Runs client tasks in one process: the workspace, the views and the client half."""
+
+    def __init__(self, config: RunConfig, dataset: Dataset, partition: Partition) -> None:
+        from fedtail.algorithms import ALGORITHMS
+
+        torch.set_num_threads(config.threads)
+        self.config = config
+        self.workspace = Workspace(config, dataset)
+        self.views = client_views(partition, dataset, config.eval_split)
+        spec = ALGORITHMS[config.algorithm]
+        self.client: ClientHalf = spec.client()
+        self.options = config.algorithm_options()
+
+    def run(self, task: Task) -> Result:
+        start = time.perf_counter()
+        seed = derive_seed(self.config.seed, task.rnd, task.call, task.cid)
+        torch.manual_seed(seed)  # for any module-level randomness (dropout layers)
+        ctx = ClientContext(
+            cid=task.cid,
+            rnd=task.rnd,
+            seed=seed,
+            data=self.views[task.cid],
+            workspace=self.workspace,
+            options=self.options,
+            state=task.state,
+        )
+        reply = self.client.handle(task.message, ctx)
+        return Result(task.cid, reply, ctx.state, time.perf_counter() - start)
+
+
+class SerialExecutor:
+    """Runs tasks one after another in this process."""
+
+    def __init__(self, runtime: ClientRuntime) -> None:
+        self.runtime = runtime
+
+    def map(self, tasks: list[Task]) -> Iterator[Result]:
+        for task in tasks:
+            yield self.runtime.run(task)
+
+    def close(self) -> None:
+        pass
+
+
+_RUNTIME: ClientRuntime | None = None
+
+
+def _init_worker(config: RunConfig, dataset: Dataset, partition: Partition) -> None:
+    global _RUNTIME
+    _RUNTIME = ClientRuntime(config, dataset, partition)
+
+
+def _run_task(task: Task) -> Result:
+    assert _RUNTIME is not None, "worker not initialised"
+    return _RUNTIME.run(task)
+
+
+class ProcessExecutor:
+    """A pool of spawned worker processes, each with its own runtime and one task at a time.
+
+    The dataset tensors go to the workers through shared memory (torch.multiprocessing), so
+    the pool costs one copy of the data in total, not one per worker.
+    """
+
+    def __init__(self, config: RunConfig, dataset: Dataset, partition: Partition) -> None:
+        for split in (dataset.train, dataset.test):
+            split.x.share_memory_()
+            split.y.share_memory_()
+        ctx = mp.get_context("spawn")
+        self.pool = ctx.Pool(config.workers, initializer=_init_worker, initargs=(config, dataset, partition))
+
+    def map(self, tasks: list[Task]) -> Iterator[Result]:
+        # imap keeps task order; chunksize 1 balances clients of unequal size across workers
+        return self.pool.imap(_run_task, tasks, chunksize=1)
+
+    def close(self) -> None:
+        self.pool.close()
+        self.pool.join()
+
+    def terminate(self) -> None:
+        self.pool.terminate()
+        self.pool.join()
+
+
+def make_executor(config: RunConfig, dataset: Dataset, partition: Partition, runtime: ClientRuntime | None = None):
+    if config.workers == 1:
+        return SerialExecutor(runtime or ClientRuntime(config, dataset, partition))
+    return ProcessExecutor(config, dataset, partition)

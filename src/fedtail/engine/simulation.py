@@ -1,0 +1,249 @@
+"""The single-machine simulation engine: the round loop, the message channel, evaluation.
+
+The loop itself knows nothing about any algorithm: each round it samples clients from a
+seeded stream, lets the algorithm's server half run the round through a :class:`SimComm`,
+and every ``eval_every`` rounds evaluates ALL clients plus the global model, if any.
+Evaluation never changes client state or random streams, so how often one evaluates never
+changes the trajectory.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Mapping
+
+import numpy as np
+import torch
+
+from fedtail.algorithms import ALGORITHMS
+from fedtail.algorithms.base import Message, ServerHalf
+from fedtail.config import RunConfig
+from fedtail.data.base import Dataset
+from fedtail.engine.context import ServerContext, Workspace, derive_seed, initial_weights, load_weights
+from fedtail.engine.executors import ClientRuntime, Task, make_executor
+from fedtail.engine.training import evaluate
+from fedtail.errors import ConfigError
+from fedtail.metrics import Meter, RunRecord, global_metrics, personalized_metrics
+from fedtail.partition import Partition
+
+EVAL_CALL = 1 << 20  # call index of evaluation tasks: their seeds never collide with training's
+
+
+def sample_clients(seed: int, rnd: int, num_clients: int, per_round: int) -> list[int]:
+    """The clients of round ``rnd``: a function of (seed, round) only, so resuming is exact."""
+    rng = np.random.default_rng(derive_seed(seed, 0x5A3, rnd))
+    return sorted(int(c) for c in rng.choice(num_clients, size=per_round, replace=False))
+
+
+def assign_edges(config: RunConfig, num_clients: int) -> np.ndarray:
+    """Client id -> edge server id, by the configured rule."""
+    cids = np.arange(num_clients)
+    if config.edges > num_clients:
+        raise ConfigError(f"edges must be <= the number of clients ({num_clients}) (got {config.edges})")
+    if config.edge_assignment == "contiguous":
+        return cids * config.edges // num_clients
+    if config.edge_assignment == "round-robin":
+        return cids % config.edges
+    perm = np.random.default_rng(derive_seed(config.seed, 0xED6E)).permutation(num_clients)
+    return perm % config.edges
+
+
+class SimComm:
+    """The server half's channel to the clients in the simulator (see ``algorithms.base.Comm``)."""
+
+    def __init__(self, sim: "Simulation", rnd: int) -> None:
+        self.sim = sim
+        self.rnd = rnd
+        self.calls = 0
+        self.logged: dict[str, Any] = {}
+        self.client_wall = 0.0
+
+    def stream(self, messages: Mapping[int, Message]) -> Iterator[tuple[int, Message]]:
+        sim, meter = self.sim, self.sim.meter
+        tasks = []
+        for cid in sorted(messages):
+            if not 0 <= cid < sim.num_clients:
+                raise ValueError(f"message for unknown client {cid}")
+            msg = messages[cid]
+            meter.bytes_down += msg.nbytes
+            tasks.append(Task(cid, self.rnd, self.calls, msg, sim.client_state.get(cid, {})))
+        self.calls += 1
+        meter.exchanges += 1
+        results = sim.executor.map(tasks)
+        while True:
+            start = time.perf_counter()
+            try:
+                result = next(results)
+            except StopIteration:
+                self.client_wall += time.perf_counter() - start
+                return
+            self.client_wall += time.perf_counter() - start
+            sim.client_state[result.cid] = result.state
+            meter.client_task_s += result.seconds
+            meter.bytes_up += result.reply.nbytes
+            meter.samples_trained += int(result.reply.metrics.get("num_samples", 0))
+            yield result.cid, result.reply
+
+    def exchange(self, messages: Mapping[int, Message]) -> dict[int, Message]:
+        return dict(self.stream(messages))
+
+    def exchange_via_edges(self, messages: Mapping[int, Message]) -> dict[int, dict[int, Message]]:
+        replies = self.exchange(messages)
+        by_edge: dict[int, dict[int, Message]] = {}
+        for cid, reply in replies.items():
+            by_edge.setdefault(int(self.sim.server_ctx.edge_of[cid]), {})[cid] = reply
+        out = {}
+        for edge_id in sorted(by_edge):
+            forwarded = self.sim.edge.reduce(edge_id, by_edge[edge_id])
+            self.sim.meter.bytes_edge_up += sum(m.nbytes for m in forwarded.values())
+            out[edge_id] = forwarded
+        return out
+
+    def log(self, **values: Any) -> None:
+        self.logged.update(values)
+
+
+@dataclass
+class Simulation:
+    """One run of one algorithm on one partitioned dataset."""
+
+    config: RunConfig
+    dataset: Dataset
+    partition: Partition
+    on_eval: Callable[[dict[str, Any]], None] | None = None
+    on_round: Callable[[int, dict[str, Any] | None], None] | None = None
+    meter: Meter = field(default_factory=Meter)
+    client_state: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        config = self.config
+        torch.set_num_threads(config.threads)
+        self.num_clients = len(self.partition.clients)
+        self.spec = ALGORITHMS[config.algorithm]
+        options = config.algorithm_options()
+        self.workspace = Workspace(config, self.dataset)
+        self.server_ctx = ServerContext(
+            config=config,
+            options=options,
+            workspace=self.workspace,
+            partition=self.partition,
+            client_train_sizes=np.array([len(c.train) for c in self.partition.clients]),
+            init_weights=initial_weights(config, self.dataset),
+            edge_of=assign_edges(config, self.num_clients),
+        )
+        self.server: ServerHalf = self.spec.server(self.server_ctx)
+        self.edge = (self.spec.edge or _IdentityEdge)(self.server_ctx)
+        self.groups = self.partition.class_frequency_groups()
+        self.record = RunRecord(list(config.targets))
+        self.round_logs: list[dict[str, Any]] = []
+        runtime = ClientRuntime(config, self.dataset, self.partition) if config.workers == 1 else None
+        self.executor = make_executor(config, self.dataset, self.partition, runtime)
+
+    # -----------------------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        config = self.config
+        start = time.perf_counter()
+        try:
+            for rnd in range(1, config.rounds + 1):
+                self.run_round(rnd)
+                row = None
+                if rnd % config.eval_every == 0 or rnd == config.rounds:
+                    row = self.evaluate(rnd, time.perf_counter() - start)
+                if self.on_round:
+                    self.on_round(rnd, row)
+        finally:
+            self.executor.close()
+        return self.record.summary(self.meter, time.perf_counter() - start, config.rounds)
+
+    def run_round(self, rnd: int) -> None:
+        clients = sample_clients(self.config.seed, rnd, self.num_clients, self.config.clients_per_round)
+        comm = SimComm(self, rnd)
+        samples_before = self.meter.samples_trained
+        loss_acc = _LossAcc()
+        comm_stream = comm.stream
+
+        def stream_and_track(messages):  # record the round's training loss from the replies
+            for cid, reply in comm_stream(messages):
+                loss_acc.add(reply)
+                yield cid, reply
+
+        comm.stream = stream_and_track  # type: ignore[method-assign]
+        start = time.perf_counter()
+        self.server.run_round(rnd, clients, comm)
+        elapsed = time.perf_counter() - start
+        self.meter.client_s += comm.client_wall
+        self.meter.server_s += elapsed - comm.client_wall
+        self.round_logs.append(
+            {
+                "round": rnd,
+                "clients": clients,
+                "train_loss": loss_acc.value,
+                "samples": self.meter.samples_trained - samples_before,
+            }
+            | comm.logged
+        )
+
+    def evaluate(self, rnd: int, elapsed: float) -> dict[str, Any]:
+        start = time.perf_counter()
+        cids = list(range(self.num_clients))
+        tasks = [
+            Task(cid, rnd, EVAL_CALL, self.server.evaluation_message(cid), self.client_state.get(cid, {}))
+            for cid in cids
+        ]
+        C = self.dataset.num_classes
+        correct = np.zeros((self.num_clients, C), dtype=np.int64)
+        total = np.zeros_like(correct)
+        for result in self.executor.map(tasks):  # states of evaluation tasks are dropped on purpose
+            correct[result.cid] = result.reply.tensors["correct"].numpy()
+            total[result.cid] = result.reply.tensors["total"].numpy()
+        row: dict[str, Any] = {"round": rnd}
+        row |= personalized_metrics(correct, total, self.groups)
+        weights = self.server.global_weights() if self.config.eval_global else None
+        if weights is not None:
+            model = self.workspace.model("global-eval")
+            load_weights(model, weights)
+            counts = evaluate(model, self.dataset, self.dataset.test, None, C)
+            row |= global_metrics(counts.correct.numpy(), counts.total.numpy(), self.groups)
+        else:
+            row["global_acc"] = None
+        losses = [r["train_loss"] for r in self.round_logs if r["train_loss"] is not None]
+        row["train_loss"] = self.round_logs[-1]["train_loss"] if self.round_logs else None
+        row["train_loss_since_last_eval"] = float(np.mean(losses)) if losses else None
+        self.meter.eval_s += time.perf_counter() - start
+        row["elapsed_s"] = elapsed + (time.perf_counter() - start)
+        row["samples_trained"] = self.meter.samples_trained
+        row["bytes_down"] = self.meter.bytes_down
+        row["bytes_up"] = self.meter.bytes_up
+        row["rounds_log"] = self.round_logs
+        self.round_logs = []
+        self.record.add(row)
+        if self.on_eval:
+            self.on_eval(row)
+        return row
+
+
+class _LossAcc:
+    """Sample-weighted mean training loss over a round's replies."""
+
+    def __init__(self) -> None:
+        self.loss_sum = 0.0
+        self.samples = 0.0
+
+    def add(self, reply: Message) -> None:
+        n = reply.metrics.get("num_samples", 0.0)
+        if n and "train_loss" in reply.metrics:
+            self.loss_sum += reply.metrics["train_loss"] * n
+            self.samples += n
+
+    @property
+    def value(self) -> float | None:
+        return self.loss_sum / self.samples if self.samples else None
+
+
+class _IdentityEdge:
+    def __init__(self, ctx: ServerContext) -> None:
+        self.ctx = ctx
+
+    def reduce(self, edge_id: int, replies: dict[int, Message]) -> dict[int, Message]:
+        return replies

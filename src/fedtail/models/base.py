@@ -1,0 +1,139 @@
+"""The body/head split every fedtail model follows, plus shape helpers shared by the builders.
+
+Algorithms share, freeze or personalise parts of a model by state_dict key prefix: everything
+before the flat feature vector lives under ``body.``, the classifier under ``head.``.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+
+import torch
+from torch import nn
+
+from fedtail.errors import ConfigError
+
+
+class SplitModel(nn.Module):
+    """A classifier split into a feature extractor ``body`` and a classifier ``head``.
+
+    ``body(x)`` is a flat ``(B, feature_dim)`` tensor and ``head`` maps it to ``(B, num_classes)``
+    logits. The last ``nn.Linear`` of ``head`` is exposed as :attr:`classifier` (CReFF and FedReMa
+    re-train it). Replace layers by editing ``body``/``head`` in place, never by assigning new
+    attributes on the model, so the two key prefixes keep covering the whole state_dict.
+    """
+
+    def __init__(self, body: nn.Module, head: nn.Module, feature_dim: int, num_classes: int) -> None:
+        super().__init__()
+        self.body = body
+        self.head = head
+        self.feature_dim = int(feature_dim)
+        self.num_classes = int(num_classes)
+        # Fail at construction, not inside some algorithm, if the head has no logits layer.
+        last = self.classifier
+        if last.out_features != self.num_classes:
+            raise ValueError(
+                f"the head's last Linear has {last.out_features} outputs, expected {self.num_classes}"
+            )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(x))
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        """The flat ``(B, feature_dim)`` representation the head classifies."""
+        return self.body(x)
+
+    @property
+    def classifier(self) -> nn.Linear:
+        """The last ``nn.Linear`` of the head, the one producing the logits."""
+        return self._classifier_entry()[1]
+
+    def _classifier_entry(self) -> tuple[str, nn.Linear]:
+        found: tuple[str, nn.Linear] | None = None
+        for name, module in self.head.named_modules():
+            if isinstance(module, nn.Linear):
+                found = (name, module)
+        if found is None:
+            raise ValueError("the head contains no nn.Linear layer")
+        return found
+
+    def body_keys(self) -> list[str]:
+        """state_dict keys of the feature extractor (all start with ``body.``)."""
+        return [k for k in self.state_dict() if k.startswith("body.")]
+
+    def head_keys(self) -> list[str]:
+        """state_dict keys of the classifier head (all start with ``head.``)."""
+        return [k for k in self.state_dict() if k.startswith("head.")]
+
+    def classifier_keys(self) -> list[str]:
+        """state_dict keys of :attr:`classifier` alone (a subset of :meth:`head_keys`)."""
+        name = self._classifier_entry()[0]
+        prefix = f"head.{name}." if name else "head."
+        return [k for k in self.head_keys() if k.startswith(prefix)]
+
+
+def check_num_classes(num_classes: int) -> int:
+    """Validate the number of classes (a positive int)."""
+    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
+        raise ConfigError(f"num_classes must be a positive integer, got {num_classes!r}")
+    return num_classes
+
+
+def check_shape(name: str, input_shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Validate that ``input_shape`` is a non-empty tuple of positive ints (batch dim excluded)."""
+    try:
+        # operator.index accepts numpy integers (shapes read from arrays) but rejects floats.
+        shape = tuple(operator.index(d) for d in input_shape if not isinstance(d, bool))
+        if len(shape) != len(tuple(input_shape)):
+            raise TypeError
+    except TypeError:
+        shape = ()
+    if not shape or any(d < 1 for d in shape):
+        raise ConfigError(
+            f"model {name!r}: input_shape must be a non-empty tuple of positive ints "
+            f"(without the batch dimension), got {input_shape!r}"
+        )
+    return shape
+
+
+def check_image_shape(name: str, input_shape: tuple[int, ...], min_size: int) -> tuple[int, int, int]:
+    """Validate a ``(C, H, W)`` image shape whose sides are at least ``min_size`` pixels."""
+    shape = check_shape(name, input_shape)
+    if len(shape) != 3:
+        raise ConfigError(
+            f"model {name!r} needs image inputs shaped (channels, height, width), got {shape}; "
+            "use 'mlp' for vector inputs"
+        )
+    c, h, w = shape
+    if h < min_size or w < min_size:
+        raise ConfigError(
+            f"model {name!r} cannot handle {h}x{w} images: its convolutions and poolings shrink "
+            f"them to nothing (height and width must be at least {min_size})"
+        )
+    return c, h, w
+
+
+def flat_dim(name: str, body: nn.Module, input_shape: tuple[int, ...]) -> int:
+    """Size of the body's flat output, found with a dry run on one zero input.
+
+    Runs in eval mode so BatchNorm running statistics are not touched, and on zeros so the
+    global RNG (which the caller seeded for reproducible weights) is not consumed.
+    """
+    was_training = body.training
+    body.eval()
+    try:
+        with torch.no_grad():
+            out = body(torch.zeros(1, *input_shape))
+    except RuntimeError as exc:  # e.g. a kernel larger than the remaining feature map
+        raise ConfigError(f"model {name!r} cannot handle input shape {tuple(input_shape)}: {exc}") from None
+    finally:
+        body.train(was_training)
+    if out.dim() != 2:
+        raise ValueError(f"model {name!r}: body must end in a flat vector, got shape {tuple(out.shape)}")
+    return int(out.shape[1])
+
+
+def num_inputs(input_shape: tuple[int, ...]) -> int:
+    """Number of scalars in one input (for models that flatten first)."""
+    return math.prod(input_shape)

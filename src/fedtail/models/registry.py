@@ -1,0 +1,46 @@
+"""Model names, their one-line descriptions and the builder behind each."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from fedtail.errors import ConfigError
+from fedtail.models.alexnet import alexnet_small
+from fedtail.models.base import SplitModel
+from fedtail.models.cnn import cnn2fc, cnn_fmnist, convnet
+from fedtail.models.mlp import mlp
+from fedtail.models.resnet import resnet8, resnet18
+
+Builder = Callable[[tuple[int, ...], int], SplitModel]
+
+_BUILDERS: dict[str, Builder] = {
+    "cnn-fmnist": cnn_fmnist,
+    "cnn2fc": cnn2fc,
+    "convnet": convnet,
+    "alexnet-small": alexnet_small,
+    "resnet8": resnet8,
+    "resnet18": resnet18,
+    "mlp": mlp,
+}
+
+MODELS: dict[str, str] = {
+    "cnn-fmnist": "MuPFL FMNIST CNN: body 2x conv5x5 (32, 64) + pools, head 1 linear; feature 3136 on 28x28",
+    "cnn2fc": "FedReMa MNIST/FMNIST CNN: body 2x conv5x5 (32, 64) + pools, head FC 512 + FC; feature 1024 on 28x28",
+    "convnet": "FedAC convnet (LeNet-5): body 2 conv + FC 120 + FC 84, head last FC; feature 84",
+    "alexnet-small": "FedReMa CIFAR AlexNet: body 5x conv3x3, head FC 1024 + FC 512 + FC; feature 4096 on 32x32",
+    "resnet8": "CReFF/MuPFL ResNet-8 (64/128/256, BN): body to global avg pool, head linear; feature 256",
+    "resnet18": "CIFAR-style ResNet-18 (64..512, BN): body to global avg pool, head linear; feature 512",
+    "mlp": "MLP for vectors/fast tests: body Linear 128 + Linear 64 (ReLU), head linear; feature 64",
+}
+
+
+def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
+    """Build model ``name`` for inputs shaped ``input_shape`` (no batch dim) and ``num_classes`` classes.
+
+    Weights come from torch's global RNG, so seed it first for reproducible models.
+    Raises ConfigError for an unknown name or an input shape the model cannot handle.
+    """
+    builder = _BUILDERS.get(name)
+    if builder is None:
+        raise ConfigError(f"unknown model {name!r}; allowed: {', '.join(sorted(_BUILDERS))}")
+    return builder(input_shape, num_classes)

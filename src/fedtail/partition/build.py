@@ -1,0 +1,106 @@
+"""`make_partition`: long-tail cut -> scheme -> holdout/validation carve -> local test views."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fedtail.errors import ConfigError
+from fedtail.partition import local_test, schemes
+from fedtail.partition.config import PartitionConfig
+from fedtail.partition.longtail import apply_longtail
+from fedtail.partition.partition import ClientData, Partition, StageData
+
+_SCHEME_FUNCS = {
+    "iid": schemes.iid,
+    "dirichlet": schemes.dirichlet,
+    "pathological": schemes.pathological,
+    "dominant": schemes.dominant,
+}
+
+# What to change when a client (or stage) ends up with no training data, per scheme.
+_EMPTY_HINT = {
+    "iid": "use fewer --clients",
+    "dirichlet": "use fewer --clients or a larger --alpha",
+    "pathological": "use fewer --clients, more --classes-per-client or a smaller --imbalance",
+    "dominant": "use fewer --clients",
+    "stages": "use fewer --clients or a smaller --imbalance",
+}
+
+
+def _check_labels(labels: np.ndarray, num_classes: int, name: str) -> np.ndarray:
+    arr = np.asarray(labels)
+    if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer):
+        raise ConfigError(f"{name} labels must be a 1-D integer array (got shape {arr.shape}, {arr.dtype})")
+    if len(arr) and (arr.min() < 0 or arr.max() >= num_classes):
+        raise ConfigError(
+            f"{name} labels must lie in 0..{num_classes - 1} (got {int(arr.min())}..{int(arr.max())})")
+    return arr.astype(np.int64, copy=False)
+
+
+class _Views:
+    """Turns one list of training indices into (train, test, val) views under the config's rules."""
+
+    def __init__(self, train_labels: np.ndarray, test_labels: np.ndarray, num_classes: int,
+                 cfg: PartitionConfig, carve_rng: np.random.Generator, test_rng: np.random.Generator):
+        self.train_labels, self.cfg = train_labels, cfg
+        self.carve_rng, self.test_rng = carve_rng, test_rng
+        self.test_by_class = [np.flatnonzero(test_labels == c) for c in range(num_classes)]
+
+    def __call__(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        cfg = self.cfg
+        train = np.sort(idx).astype(np.int64)
+        test = np.empty(0, dtype=np.int64)
+        if cfg.local_test == "holdout":
+            train, test = local_test.carve(train, self.train_labels, cfg.test_fraction, self.carve_rng)
+        # Validation comes after the holdout so the test fraction refers to the client's whole share.
+        train, val = local_test.carve(train, self.train_labels, cfg.val_fraction, self.carve_rng)
+        if cfg.local_test == "sampled":
+            test = local_test.sample_test(train, self.train_labels, self.test_by_class,
+                                          cfg.test_fraction, self.test_rng)
+        return train, test, val
+
+
+def make_partition(train_labels: np.ndarray, test_labels: np.ndarray, num_classes: int,
+                   config: PartitionConfig, seed: int) -> Partition:
+    """Partition the training split into clients; deterministic in `seed`."""
+    config.check(num_classes)
+    if seed < 0:
+        raise ConfigError(f"--seed must be >= 0 (got {seed})")
+    train_labels = _check_labels(train_labels, num_classes, "train")
+    test_labels = _check_labels(test_labels, num_classes, "test")
+    # Independent streams per step, so e.g. changing --val-fraction does not reshuffle the partition.
+    lt_rng, part_rng, carve_rng, test_rng = (
+        np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(4))
+
+    kept = apply_longtail(train_labels, num_classes, config.imbalance, lt_rng)
+    global_counts = np.bincount(train_labels[kept], minlength=num_classes).astype(np.int64)
+    test_source = "train" if config.local_test == "holdout" else "test"
+    test_split_labels = train_labels if test_source == "train" else test_labels
+    views = _Views(train_labels, test_labels, num_classes, config, carve_rng, test_rng)
+    hint = _EMPTY_HINT[config.scheme]
+    refs = {"train_split_labels": train_labels, "test_split_labels": test_split_labels}
+
+    clients: list[ClientData] = []
+    if config.scheme == "stages":
+        for i, client_stages in enumerate(schemes.stages(train_labels, kept, num_classes, config, part_rng)):
+            stage_data = []
+            for k, (classes, idx) in enumerate(client_stages):
+                if len(idx) == 0:
+                    raise ConfigError(
+                        f"partition left client {i} stage {k} with no training samples; {hint}")
+                train, test, val = views(idx)
+                stage_data.append(StageData(classes, train, test, val, **refs))
+            clients.append(ClientData(
+                train=np.sort(np.concatenate([s.train for s in stage_data])),
+                test=np.sort(np.concatenate([s.test for s in stage_data])),
+                val=np.sort(np.concatenate([s.val for s in stage_data])),
+                stages=stage_data, **refs))
+    else:
+        for i, idx in enumerate(_SCHEME_FUNCS[config.scheme](train_labels, kept, num_classes, config,
+                                                             part_rng)):
+            if len(idx) == 0:
+                raise ConfigError(f"partition left client {i} with no training samples; {hint}")
+            train, test, val = views(idx)
+            clients.append(ClientData(train, test, val, **refs))
+    return Partition(num_classes=num_classes, kept=kept, global_train_counts=global_counts,
+                     clients=clients, test_source=test_source, scheme=config.scheme)

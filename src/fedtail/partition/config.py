@@ -1,0 +1,143 @@
+"""Partition configuration: one pydantic model, validated with messages that name the CLI flag."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, field_validator, model_validator
+
+from fedtail.errors import ConfigError
+
+SchemeName = Literal["iid", "dirichlet", "pathological", "dominant", "stages"]
+
+# Field -> command-line flag, so every message (and the CLI) uses the same spelling.
+FLAGS: dict[str, str] = {
+    "scheme": "--scheme",
+    "num_clients": "--clients",
+    "imbalance": "--imbalance",
+    "alpha": "--alpha",
+    "min_samples": "--min-samples",
+    "balanced": "--balanced",
+    "classes_per_client": "--classes-per-client",
+    "iid_fraction": "--iid-fraction",
+    "samples_per_client": "--samples-per-client",
+    "groups": "--groups",
+    "quantity": "--quantity",
+    "classes_per_stage": "--classes-per-stage",
+    "stages": "--stages",
+    "test_fraction": "--test-fraction",
+    "local_test": "--local-test",
+    "val_fraction": "--val-fraction",
+}
+
+
+class PartitionConfig(BaseModel):
+    """How the training split is cut into clients and how local test/validation data are formed."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    scheme: SchemeName = "dirichlet"
+    num_clients: int = 20
+    imbalance: float = 1.0
+    alpha: float = 0.5
+    min_samples: int = 10
+    balanced: bool = False
+    classes_per_client: int = 2
+    iid_fraction: float = 0.2
+    samples_per_client: int = 600
+    groups: int = 5
+    quantity: tuple[int, int] | None = None
+    classes_per_stage: int = 2
+    stages: int = 5
+    test_fraction: float = 0.25
+    local_test: Literal["sampled", "holdout"] = "sampled"
+    val_fraction: float = 0.0
+
+    @field_validator("num_clients", "classes_per_client", "samples_per_client", "groups",
+                     "classes_per_stage", "stages")
+    @classmethod
+    def _at_least_one(cls, v: int, info) -> int:  # noqa: ANN001 - pydantic's ValidationInfo
+        if v < 1:
+            raise ValueError(f"{FLAGS[info.field_name]} must be >= 1 (got {v})")
+        return v
+
+    @field_validator("min_samples")
+    @classmethod
+    def _non_negative(cls, v: int) -> int:
+        if v < 0:
+            raise ValueError(f"--min-samples must be >= 0 (got {v})")
+        return v
+
+    @field_validator("imbalance")
+    @classmethod
+    def _imbalance(cls, v: float) -> float:
+        if not v >= 1.0:  # also rejects NaN
+            raise ValueError(f"--imbalance must be >= 1 (got {v})")
+        return v
+
+    @field_validator("alpha")
+    @classmethod
+    def _alpha(cls, v: float) -> float:
+        if not v > 0.0:
+            raise ValueError(f"--alpha must be > 0 (got {v})")
+        return v
+
+    @field_validator("iid_fraction")
+    @classmethod
+    def _iid_fraction(cls, v: float) -> float:
+        if not 0.0 <= v <= 1.0:
+            raise ValueError(f"--iid-fraction must be in [0, 1] (got {v})")
+        return v
+
+    @field_validator("test_fraction")
+    @classmethod
+    def _test_fraction(cls, v: float) -> float:
+        if not v > 0.0:
+            raise ValueError(f"--test-fraction must be > 0 (got {v})")
+        return v
+
+    @field_validator("val_fraction")
+    @classmethod
+    def _val_fraction(cls, v: float) -> float:
+        if not 0.0 <= v < 1.0:
+            raise ValueError(f"--val-fraction must be in [0, 1) (got {v})")
+        return v
+
+    @field_validator("quantity")
+    @classmethod
+    def _quantity(cls, v: tuple[int, int] | None) -> tuple[int, int] | None:
+        if v is not None:
+            lo, hi = v
+            if lo < 1 or hi < lo:
+                raise ValueError(f"--quantity MIN MAX needs 1 <= MIN <= MAX (got {lo} {hi})")
+        return v
+
+    @model_validator(mode="after")
+    def _combinations(self) -> PartitionConfig:
+        if self.quantity is not None and self.scheme not in ("dirichlet", "pathological"):
+            raise ValueError(
+                f"--quantity only applies to --scheme dirichlet or pathological (got {self.scheme})")
+        if self.balanced and self.scheme != "dirichlet":
+            raise ValueError(f"--balanced only applies to --scheme dirichlet (got {self.scheme})")
+        if self.balanced and self.quantity is not None:
+            raise ValueError("--balanced cannot be combined with --quantity (both set client sizes)")
+        if self.local_test == "holdout" and self.test_fraction >= 1.0:
+            raise ValueError(
+                f"--test-fraction must be < 1 with --local-test holdout (got {self.test_fraction})")
+        return self
+
+    def check(self, num_classes: int) -> None:
+        """Raise ConfigError for constraints that depend on the number of classes C."""
+        c = num_classes
+        if c < 1:
+            raise ConfigError(f"the dataset must have at least 1 class (got {c})")
+        if self.scheme == "pathological" and not 1 <= self.classes_per_client <= c:
+            raise ConfigError(
+                f"--classes-per-client must be in 1..{c} (got {self.classes_per_client})")
+        if self.scheme == "dominant" and not 1 <= self.groups <= c:
+            raise ConfigError(f"--groups must be in 1..{c} (got {self.groups})")
+        if self.scheme == "stages" and self.classes_per_stage * self.stages > c:
+            raise ConfigError(
+                f"--classes-per-stage × --stages must be <= {c} classes, since a client never sees "
+                f"a class in two stages (got {self.classes_per_stage} × {self.stages} = "
+                f"{self.classes_per_stage * self.stages})")
