@@ -215,6 +215,46 @@ def print_summary(summary: dict[str, Any], out: Path) -> None:
     Console().print(f"wall time {summary['wall_time_s']:.1f} s, {summary['samples_trained']} samples trained -> {out}")
 
 
+@app.command()
+def compare(
+    algorithms: str = typer.Option(..., help="comma-separated algorithm names"),
+    config_file: Optional[Path] = typer.Option(None, "--config", help="TOML file with the shared settings"),
+    set_: list[str] = typer.Option([], "--set", help="KEY=VALUE overrides"),
+    seed: Optional[int] = typer.Option(None),
+    workers: Optional[int] = typer.Option(None),
+    out: Path = typer.Option(..., "--out", help="folder; each algorithm's run goes to OUT/ALGORITHM"),
+) -> None:
+    """Run several algorithms on the same data and partition, then print one table."""
+    from fedtail.config import build_config
+
+    names = [a.strip() for a in algorithms.split(",") if a.strip()]
+    summaries = []
+    try:
+        raw = raw_from_flags({"seed": seed, "workers": workers}, config_file)
+        configs = [build_config(raw | {"algorithm": name}, set_) for name in names]
+        for config in configs:
+            console.print(f"[bold]{config.algorithm}[/]")
+            summaries.append(execute_run(config, out / config.algorithm))
+    except FedtailError as err:
+        fail(str(err))
+    table = Table(title=f"{configs[0].dataset}, {configs[0].partition.scheme}, IF={configs[0].partition.imbalance:g}")
+    for col in ("algorithm", "final pers.", "weighted", "best pers. (round)", "global", "tail", "wall s"):
+        table.add_column(col)
+    for s in summaries:
+        f, b = s["final"], s["best"]
+        fmt = lambda v: "-" if v is None else f"{v:.4f}"  # noqa: E731
+        table.add_row(
+            s["algorithm"],
+            fmt(f["personalized_acc"]),
+            fmt(f["personalized_acc_weighted"]),
+            f"{fmt(b['personalized_acc'])} ({b['round']})",
+            fmt(f["global_acc"]),
+            fmt(f["tail_acc"]),
+            f"{s['wall_time_s']:.0f}",
+        )
+    Console().print(table)
+
+
 @app.command("list")
 def list_components() -> None:
     """Algorithms, datasets, models and partitions, one line each."""

@@ -8,6 +8,7 @@ runs with the same number of intra-op threads, so the worker count never changes
 from __future__ import annotations
 
 import time
+from types import MappingProxyType
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -28,6 +29,7 @@ class Task:
     call: int  # index of the exchange within the round (a round may exchange several times)
     message: Message
     state: dict[str, Any]
+    read_only: bool = False  # evaluation: the client may read its state but not change it
 
 
 @dataclass
@@ -79,10 +81,11 @@ class ClientRuntime:
             data=self.views[task.cid],
             workspace=self.workspace,
             options=self.options,
-            state=task.state,
+            state=MappingProxyType(task.state) if task.read_only else task.state,  # type: ignore[arg-type]
         )
         reply = self.client.handle(task.message, ctx)
-        return Result(task.cid, reply, ctx.state, time.perf_counter() - start)
+        state = {} if task.read_only else ctx.state  # nothing to send back from an evaluation
+        return Result(task.cid, reply, state, time.perf_counter() - start)
 
 
 class SerialExecutor:

@@ -188,13 +188,13 @@ class Simulation:
         start = time.perf_counter()
         cids = list(range(self.num_clients))
         tasks = [
-            Task(cid, rnd, EVAL_CALL, self.server.evaluation_message(cid), self.client_state.get(cid, {}))
+            Task(cid, rnd, EVAL_CALL, self.server.evaluation_message(cid), self.client_state.get(cid, {}), read_only=True)
             for cid in cids
         ]
         C = self.dataset.num_classes
         correct = np.zeros((self.num_clients, C), dtype=np.int64)
         total = np.zeros_like(correct)
-        for result in self.executor.map(tasks):  # states of evaluation tasks are dropped on purpose
+        for result in self.executor.map(tasks):  # evaluation never writes client state
             correct[result.cid] = result.reply.tensors["correct"].numpy()
             total[result.cid] = result.reply.tensors["total"].numpy()
         row: dict[str, Any] = {"round": rnd}

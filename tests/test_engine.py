@@ -1,0 +1,200 @@
+"""The engine: aggregation maths, determinism, serial = parallel, the message contract."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import tiny_config
+from fedtail.algorithms.aggregate import WeightedMean, weighted_mean
+from fedtail.algorithms.base import Algorithm, ClientHalf, EdgeHalf, Message, ServerHalf
+from fedtail.engine import prepare
+from fedtail.engine.simulation import Simulation, assign_edges, sample_clients
+
+
+def run(config, **kwargs):
+    dataset, partition = prepare(config)
+    rows = []
+    sim = Simulation(config, dataset, partition, on_eval=rows.append, **kwargs)
+    summary = sim.run()
+    return summary, rows, sim
+
+
+def strip_timing(rows):
+    drop = {"elapsed_s"}
+    return [{k: v for k, v in r.items() if k not in drop} for r in rows]
+
+
+# --- aggregation -------------------------------------------------------------------------------
+
+
+def test_weighted_mean_matches_formula():
+    a = {"w": torch.tensor([1.0, 2.0]), "n": torch.tensor(4, dtype=torch.int64)}
+    b = {"w": torch.tensor([3.0, 6.0]), "n": torch.tensor(8, dtype=torch.int64)}
+    out = weighted_mean([(a, 1.0), (b, 3.0)])
+    assert torch.allclose(out["w"], torch.tensor([2.5, 5.0]))
+    assert out["w"].dtype == torch.float32
+    assert out["n"].dtype == torch.int64 and int(out["n"]) == 7
+
+
+def test_weighted_mean_rejects_mismatch_and_empty():
+    acc = WeightedMean()
+    acc.add({"w": torch.zeros(2)}, 1.0)
+    with pytest.raises(KeyError):
+        acc.add({"v": torch.zeros(2)}, 1.0)
+    with pytest.raises(ValueError):
+        WeightedMean().result()
+
+
+def test_weighted_mean_is_order_independent_to_float32():
+    g = torch.Generator().manual_seed(0)
+    items = [({"w": torch.randn(100, generator=g)}, float(i + 1)) for i in range(7)]
+    forward = weighted_mean(items)["w"]
+    backward = weighted_mean(items[::-1])["w"]
+    assert torch.equal(forward, backward)
+
+
+# --- sampling and edges ------------------------------------------------------------------------
+
+
+def test_client_sampling_is_seeded_per_round():
+    a = [sample_clients(3, r, 50, 10) for r in range(1, 6)]
+    b = [sample_clients(3, r, 50, 10) for r in range(1, 6)]
+    assert a == b
+    assert all(len(set(s)) == 10 and s == sorted(s) for s in a)
+    assert a != [sample_clients(4, r, 50, 10) for r in range(1, 6)]
+    assert len({tuple(s) for s in a}) > 1  # rounds differ
+
+
+def test_edge_assignment_rules():
+    cfg = tiny_config(edges=2, edge_assignment="contiguous")
+    assert assign_edges(cfg, 6).tolist() == [0, 0, 0, 1, 1, 1]
+    cfg = tiny_config(edges=2, edge_assignment="round-robin")
+    assert assign_edges(cfg, 6).tolist() == [0, 1, 0, 1, 0, 1]
+    cfg = tiny_config(edges=3, edge_assignment="random")
+    edges = assign_edges(cfg, 6)
+    assert sorted(np.bincount(edges).tolist()) == [2, 2, 2]
+
+
+# --- determinism -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("algorithm", ["fedavg", "local"])
+def test_same_seed_same_result_other_seed_differs(algorithm):
+    s1, r1, _ = run(tiny_config(algorithm=algorithm))
+    s2, r2, _ = run(tiny_config(algorithm=algorithm))
+    s3, r3, _ = run(tiny_config(algorithm=algorithm, seed=1))
+    assert strip_timing(r1) == strip_timing(r2)
+    assert r1[-1]["personalized_acc"] != r3[-1]["personalized_acc"] or r1[-1]["train_loss"] != r3[-1]["train_loss"]
+
+
+@pytest.mark.parametrize("algorithm", ["fedavg", "local"])
+def test_serial_and_parallel_agree_exactly(algorithm):
+    _, serial, _ = run(tiny_config(algorithm=algorithm, workers=1))
+    _, parallel, _ = run(tiny_config(algorithm=algorithm, workers=2))
+    assert strip_timing(serial) == strip_timing(parallel)
+
+
+def test_evaluation_frequency_does_not_change_training():
+    _, every, _ = run(tiny_config(eval_every=1, rounds=4))
+    _, once, _ = run(tiny_config(eval_every=4, rounds=4))
+    assert every[-1]["personalized_acc"] == once[-1]["personalized_acc"]
+    assert every[-1]["global_acc"] == once[-1]["global_acc"]
+    assert len(once[-1]["rounds_log"]) == 4
+
+
+def test_fedavg_with_one_client_equals_local_training():
+    """With one client, averaging is the identity: FedAvg must reproduce Local exactly."""
+    part = {"scheme": "iid", "num_clients": 1}
+    _, fed, _ = run(tiny_config(algorithm="fedavg", partition=part, fraction=1.0))
+    _, loc, _ = run(tiny_config(algorithm="local", partition=part, fraction=1.0))
+    assert fed[-1]["per_client_acc"] == loc[-1]["per_client_acc"]
+    assert fed[-1]["train_loss"] == loc[-1]["train_loss"]
+
+
+def test_training_improves_over_rounds():
+    _, rows, _ = run(tiny_config(rounds=8, fraction=1.0, train={"local_epochs": 2}))
+    assert rows[-1]["personalized_acc"] > rows[0]["personalized_acc"]
+    assert rows[-1]["train_loss"] < rows[0]["train_loss"]
+
+
+def test_metrics_row_contents():
+    summary, rows, sim = run(tiny_config(rounds=2))
+    row = rows[-1]
+    assert len(row["per_client_acc"]) == 6 and len(row["per_class_acc"]) == 5
+    for key in ("personalized_acc", "personalized_acc_weighted", "global_acc", "head_acc", "tail_acc"):
+        assert 0.0 <= row[key] <= 1.0
+    # 3 of 6 clients per round, each trains one epoch of its data
+    trained = sum(r["samples"] for r in rows[0]["rounds_log"]) + sum(r["samples"] for r in rows[1]["rounds_log"])
+    assert summary["samples_trained"] == trained > 0
+    assert summary["bytes"]["down"] > 0 and summary["bytes"]["up"] == summary["bytes"]["down"]
+    json.dumps(summary)
+
+
+def test_local_has_no_global_model_and_no_uplink():
+    summary, rows, _ = run(tiny_config(algorithm="local"))
+    assert rows[-1]["global_acc"] is None
+    assert summary["final"]["global_acc"] is None
+    assert summary["bytes"]["up"] == 0
+
+
+# --- the contract: several exchanges, per-client payloads, edges, state ------------------------
+
+
+class _TwoStepServer(ServerHalf):
+    """First asks each client for a statistic, then sends each client its own payload."""
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        self.seen: list = []
+
+    def run_round(self, rnd, clients, comm):
+        counts = comm.exchange({cid: Message("count") for cid in clients})
+        assert list(counts) == sorted(clients)
+        messages = {cid: Message("remember", {"x": torch.tensor([float(cid * 10 + rnd)])}) for cid in clients}
+        edges = comm.exchange_via_edges(messages)
+        self.seen.append({e: sorted(r) for e, r in edges.items()})
+        comm.log(edge_keys={str(e): sorted(r) for e, r in edges.items()})
+
+    def evaluation_message(self, cid):
+        return Message("evaluate")
+
+
+class _TwoStepClient(ClientHalf):
+    def count(self, msg, ctx):
+        return Message("reply", metrics={"n": float(ctx.data.num_train)})
+
+    def remember(self, msg, ctx):
+        ctx.state.setdefault("history", []).append(float(msg.tensors["x"]))
+        return Message("reply", {"x": msg.tensors["x"] + 1})
+
+    def evaluate(self, msg, ctx):
+        with pytest.raises(TypeError):
+            ctx.state["touched_by_eval"] = True  # evaluation sees a read-only state
+        ctx.load(ctx.init_weights)
+        return ctx.evaluate()
+
+
+class _SumEdge(EdgeHalf):
+    def reduce(self, edge_id, replies):
+        total = sum(float(m.tensors["x"]) for m in replies.values())
+        return {-1 - edge_id: Message("edge", {"sum": torch.tensor([total])})}
+
+
+Algorithm("test-two-step", "test only", _TwoStepServer, _TwoStepClient, edge=_SumEdge, has_global_model=False)
+
+
+def test_multi_exchange_edges_and_client_state():
+    config = tiny_config(algorithm="test-two-step", fraction=1.0, rounds=2, edges=2)
+    summary, rows, sim = run(config)
+    assert sim.meter.exchanges == 4  # two per round
+    assert sim.server.seen[0] == {0: [-1], 1: [-2]}
+    assert rows[-1]["rounds_log"][0]["edge_keys"] == {"0": [-1], "1": [-2]}
+    for cid in range(6):
+        state = sim.client_state[cid]
+        assert state["history"] == [cid * 10 + 1.0, cid * 10 + 2.0]  # per-client payloads, kept across rounds
+        assert "touched_by_eval" not in state
+    assert summary["bytes"]["edge_up"] == 2 * 2 * 4  # two edges, two rounds, one float32 each
