@@ -1,0 +1,127 @@
+"""The command line: a tiny end-to-end run, config files, --set, and every bad-input path."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from fedtail.cli.main import app
+
+runner = CliRunner()
+
+TINY = [
+    "--dataset", "synthetic", "--model", "mlp", "--partition", "dirichlet", "--alpha", "0.5",
+    "--clients", "6", "--fraction", "0.5", "--rounds", "2", "--local-epochs", "1",
+    "--batch-size", "16", "--lr", "0.05", "--set", "dataset_options.train_per_class=60",
+    "--set", "dataset_options.num_classes=5",
+]  # fmt: skip
+
+
+def invoke(*args):
+    return runner.invoke(app, list(args))
+
+
+def test_run_end_to_end_writes_the_three_files(tmp_path):
+    out = tmp_path / "run"
+    res = invoke("run", "--algorithm", "fedavg", *TINY, "--imbalance", "5", "--out", str(out))
+    assert res.exit_code == 0, res.output
+    config = json.loads((out / "config.json").read_text())
+    assert config["partition"]["imbalance"] == 5 and config["partition"]["num_clients"] == 6
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(l)["round"] for l in lines] == [1, 2]
+    summary = json.loads((out / "summary.json").read_text())
+    for key in ("personalized_acc", "personalized_acc_weighted", "global_acc"):
+        assert 0 <= summary["final"][key] <= 1
+    assert summary["best"]["round"] in (1, 2) and 0 <= summary["best"]["personalized_acc"] <= 1
+    assert summary["rounds"] == 2 and summary["samples_trained"] > 0 and summary["wall_time_s"] > 0
+
+
+def test_local_summary_has_null_global(tmp_path):
+    res = invoke("run", "--algorithm", "local", *TINY, "--out", str(tmp_path / "r"))
+    assert res.exit_code == 0, res.output
+    assert json.loads((tmp_path / "r" / "summary.json").read_text())["final"]["global_acc"] is None
+
+
+def test_config_file_and_flag_override(tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(
+        'algorithm = "fedavg"\ndataset = "synthetic"\nmodel = "mlp"\nrounds = 3\n'
+        "[dataset_options]\nnum_classes = 4\ntrain_per_class = 40\n"
+        '[partition]\nscheme = "iid"\nnum_clients = 4\n[train]\nlr = 0.1\n'
+    )
+    res = invoke("run", "--config", str(cfg), "--rounds", "1", "--out", str(tmp_path / "r"))
+    assert res.exit_code == 0, res.output
+    config = json.loads((tmp_path / "r" / "config.json").read_text())
+    assert config["rounds"] == 1 and config["train"]["lr"] == 0.1 and config["partition"]["scheme"] == "iid"
+
+
+def test_finished_run_is_not_overwritten_silently(tmp_path):
+    out = tmp_path / "r"
+    assert invoke("run", "--algorithm", "fedavg", *TINY, "--out", str(out)).exit_code == 0
+    res = invoke("run", "--algorithm", "fedavg", *TINY, "--out", str(out))
+    assert res.exit_code == 2 and "--overwrite" in res.output
+    assert invoke("run", "--algorithm", "fedavg", *TINY, "--out", str(out), "--overwrite").exit_code == 0
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--algorithm", "fedmagic"], "--algorithm"),
+        (["--algorithm", "fedavg", "--model", "vgg99"], "--model"),
+        (["--algorithm", "fedavg", "--dataset", "imagenet"], "--dataset"),
+        (["--algorithm", "fedavg", "--alpha", "-1"], "--alpha"),
+        (["--algorithm", "fedavg", "--fraction", "0"], "--fraction"),
+        (["--algorithm", "fedavg", "--fraction", "1.5"], "--fraction"),
+        (["--algorithm", "fedavg", "--imbalance", "0.5"], "--imbalance"),
+        (["--algorithm", "fedavg", "--set", "nonsense"], "--set"),
+        (["--algorithm", "fedavg", "--set", "fedavg.mu=1"], "mu"),
+        (["--algorithm", "fedavg", "--set", "fedprox.mu=1"], "--set"),
+        (["--algorithm", "fedavg", "--set", "bogus.key=1"], "--set"),
+        (["--algorithm", "fedavg", "--partition", "zipf"], "partition"),
+        (["--algorithm", "fedavg", "--quantity", "9:3"], "--quantity"),
+        # far more clients than samples: some client gets no data
+        (["--algorithm", "fedavg", "--partition", "iid", "--clients", "5000"], "no training"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line_and_no_run(tmp_path, args, needle):
+    out = tmp_path / "run"
+    base = [a for a in TINY if a not in ()]
+    # later flags win in click, so the bad value goes last
+    res = invoke("run", *base, *args, "--out", str(out))
+    assert res.exit_code == 2, res.output
+    text = res.output.strip()
+    assert needle in text, text
+    assert "Traceback" not in text
+    assert not (out / "summary.json").exists()
+
+
+def test_missing_config_file(tmp_path):
+    res = invoke("run", "--config", str(tmp_path / "nope.toml"), "--out", str(tmp_path / "r"))
+    assert res.exit_code == 2 and "nope.toml" in res.output
+    assert not (tmp_path / "r").exists()
+
+
+def test_list_names_everything():
+    res = invoke("list")
+    assert res.exit_code == 0
+    kinds = {line.split()[0] for line in res.output.splitlines()}
+    assert kinds == {"algorithm", "dataset", "model", "partition"}
+    for name in ("fedavg", "local", "fmnist", "cnn-fmnist", "resnet8", "dirichlet", "dominant", "stages"):
+        assert f" {name} " in res.output
+
+
+def test_partition_command_writes_json_and_png(tmp_path):
+    out = tmp_path / "p.json"
+    res = invoke(
+        "partition", "--dataset", "synthetic", "--partition", "dirichlet", "--alpha", "0.3",
+        "--clients", "8", "--imbalance", "10", "--seed", "3", "--out", str(out),
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    data = json.loads(out.read_text())
+    assert len(data["global_train_counts"]) == 10 and len(data["clients"]) == 8
+    assert [sum(c["train_counts"][k] for c in data["clients"]) for k in range(10)] == data["global_train_counts"]
+    assert all(len(c["test_counts"]) == 10 for c in data["clients"])
+    assert data["global_train_counts"][0] == 500 and data["global_train_counts"][9] == 50  # IF = 10
+    assert out.with_suffix(".png").stat().st_size > 1000
