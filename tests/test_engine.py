@@ -198,3 +198,15 @@ def test_multi_exchange_edges_and_client_state():
         assert state["history"] == [cid * 10 + 1.0, cid * 10 + 2.0]  # per-client payloads, kept across rounds
         assert "touched_by_eval" not in state
     assert summary["bytes"]["edge_up"] == 2 * 2 * 4  # two edges, two rounds, one float32 each
+
+
+def test_partition_survives_moving_the_dataset_to_shared_memory():
+    """The process pool moves dataset tensors to shared memory; partition label views must not dangle."""
+    config = tiny_config(workers=2)
+    dataset, partition = prepare(config)
+    before = partition.summary()
+    sim = Simulation(config, dataset, partition)
+    try:
+        assert partition.summary() == before
+    finally:
+        sim.executor.close()

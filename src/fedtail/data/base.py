@@ -28,7 +28,8 @@ class Split:
 
     @property
     def labels(self) -> np.ndarray:
-        return self.y.numpy()
+        """A copy of the labels: a NumPy view would dangle once the tensor moves to shared memory."""
+        return self.y.numpy().copy()
 
 
 @dataclass(frozen=True)
