@@ -125,3 +125,17 @@ def test_partition_command_writes_json_and_png(tmp_path):
     assert all(len(c["test_counts"]) == 10 for c in data["clients"])
     assert data["global_train_counts"][0] == 500 and data["global_train_counts"][9] == 50  # IF = 10
     assert out.with_suffix(".png").stat().st_size > 1000
+
+
+def test_config_file_may_use_flag_names(tmp_path):
+    cfg = tmp_path / "flat.toml"
+    cfg.write_text(
+        'algorithm = "local"\ndataset = "synthetic"\nmodel = "mlp"\npartition = "pathological"\n'
+        'classes-per-client = 2\nclients = 5\nlocal-epochs = 2\nrounds = 1\nquantity = "20:40"\n'
+        "[dataset_options]\nnum_classes = 4\n"
+    )
+    res = invoke("run", "--config", str(cfg), "--out", str(tmp_path / "r"))
+    assert res.exit_code == 0, res.output
+    config = json.loads((tmp_path / "r" / "config.json").read_text())
+    assert config["partition"]["scheme"] == "pathological" and config["partition"]["num_clients"] == 5
+    assert config["partition"]["quantity"] == [20, 40] and config["train"]["local_epochs"] == 2

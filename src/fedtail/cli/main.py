@@ -77,19 +77,33 @@ def _parse_quantity(text: str) -> list[int]:
 def raw_from_flags(flags: dict[str, Any], config_file: Optional[Path]) -> dict[str, Any]:
     from fedtail.config import load_toml, merge
 
-    raw: dict[str, Any] = load_toml(config_file) if config_file else {}
+    raw: dict[str, Any] = flags_to_nested(load_toml(config_file)) if config_file else {}
+    return merge(raw, flags_to_nested({k: v for k, v in flags.items() if v is not None}))
+
+
+def flags_to_nested(flat: dict[str, Any]) -> dict[str, Any]:
+    """Map flag-named keys (``alpha``, ``local-epochs``, ``partition = "iid"``) to config paths.
+
+    Config files may use either the nested config keys (``[partition] alpha = 0.5``) or the
+    command-line flag names at top level; both end up in the same place.
+    """
+    from fedtail.config import merge
+
     override: dict[str, Any] = {}
-    for name, value in flags.items():
-        if value is None:
+    rest: dict[str, Any] = {}
+    for key, value in flat.items():
+        name = key.replace("-", "_")
+        if name not in FLAG_KEYS or isinstance(value, dict):
+            rest[key] = value
             continue
-        if name == "quantity":
+        if name == "quantity" and isinstance(value, str):
             value = _parse_quantity(value)
         target = override
         *parents, leaf = FLAG_KEYS[name]
         for part in parents:
             target = target.setdefault(part, {})
         target[leaf] = value
-    return merge(raw, override)
+    return merge(rest, override)
 
 
 def _progress() -> Progress:
