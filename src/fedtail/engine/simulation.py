@@ -192,21 +192,24 @@ class Simulation:
             for cid in cids
         ]
         C = self.dataset.num_classes
-        correct = np.zeros((self.num_clients, C), dtype=np.int64)
-        total = np.zeros_like(correct)
-        for result in self.executor.map(tasks):  # evaluation never writes client state
-            correct[result.cid] = result.reply.tensors["correct"].numpy()
-            total[result.cid] = result.reply.tensors["total"].numpy()
+        # A process pool starts on the client tasks at once, so the global evaluation below
+        # overlaps with them; results are read afterwards, in client order.
+        results = self.executor.map(tasks)
         row: dict[str, Any] = {"round": rnd}
-        row |= personalized_metrics(correct, total, self.groups)
         weights = self.server.global_weights() if self.config.eval_global else None
+        global_row: dict[str, Any] = {"global_acc": None}
         if weights is not None:
             model = self.workspace.model("global-eval")
             load_weights(model, weights)
             counts = evaluate(model, self.dataset, self.dataset.test, None, C)
-            row |= global_metrics(counts.correct.numpy(), counts.total.numpy(), self.groups)
-        else:
-            row["global_acc"] = None
+            global_row = global_metrics(counts.correct.numpy(), counts.total.numpy(), self.groups)
+        correct = np.zeros((self.num_clients, C), dtype=np.int64)
+        total = np.zeros_like(correct)
+        for result in results:  # evaluation never writes client state
+            correct[result.cid] = result.reply.tensors["correct"].numpy()
+            total[result.cid] = result.reply.tensors["total"].numpy()
+        row |= personalized_metrics(correct, total, self.groups)
+        row |= global_row
         losses = [r["train_loss"] for r in self.round_logs if r["train_loss"] is not None]
         row["train_loss"] = self.round_logs[-1]["train_loss"] if self.round_logs else None
         row["train_loss_since_last_eval"] = float(np.mean(losses)) if losses else None
