@@ -104,22 +104,49 @@ class RunConfig(BaseModel):
         try:
             return spec.config(**self.options)
         except ValidationError as err:
-            raise ConfigError(_first_error(err, prefix=f"--set {self.algorithm}.")) from None
+            raise ConfigError(_first_error(err, prefix=f"--set {self.algorithm}.", model=spec.config)) from None
 
 
 # ---------------------------------------------------------------------------------------------
 # Building a config from files, flags and --set overrides
 
 
-def _first_error(err: ValidationError, prefix: str = "") -> str:
+def _flag_for(loc: tuple) -> str:
+    """The command-line spelling of a config location, e.g. ('partition', 'alpha') -> --alpha."""
+    from fedtail.partition import FLAGS
+
+    if len(loc) >= 2 and loc[0] == "partition" and loc[1] in FLAGS:
+        return FLAGS[loc[1]]
+    if len(loc) >= 2 and loc[0] == "train" and loc[1] in TrainConfig.model_fields:
+        return "--" + str(loc[1]).replace("_", "-")
+    if len(loc) == 1 and loc[0] in RunConfig.model_fields:
+        return "--" + str(loc[0]).replace("_", "-")
+    return ".".join(str(p) for p in loc)
+
+
+def _allowed_keys(model: type[BaseModel], loc: tuple) -> list[str]:
+    """Field names valid at ``loc`` (for 'unknown key' messages)."""
+    for part in loc[:-1]:
+        field = model.model_fields.get(str(part))
+        sub = getattr(field, "annotation", None) if field else None
+        if not (isinstance(sub, type) and issubclass(sub, BaseModel)):
+            return []
+        model = sub
+    return sorted(model.model_fields)
+
+
+def _first_error(err: ValidationError, prefix: str = "", model: type[BaseModel] | None = None) -> str:
     e = err.errors()[0]
-    loc = ".".join(str(p) for p in e["loc"])
     msg = e["msg"].removeprefix("Value error, ")
-    if msg.startswith("--") or not loc:
+    if e["type"] == "extra_forbidden":
+        allowed = _allowed_keys(model or RunConfig, tuple(e["loc"]))
+        msg = "unknown key; allowed: " + (", ".join(allowed) if allowed else "none (this takes no options)")
+    if msg.startswith("--") or not e["loc"]:
         return msg
-    allowed = e.get("ctx", {}).get("expected")
-    hint = f" (allowed: {allowed})" if allowed else ""
-    return f"{prefix}{loc}: {msg}{hint}"
+    where = prefix + ".".join(str(p) for p in e["loc"]) if prefix else _flag_for(tuple(e["loc"]))
+    got = e.get("input")
+    shown = "" if isinstance(got, dict) or got is None or e["type"] == "extra_forbidden" else f" (got {got!r})"
+    return f"{where}: {msg}{shown}"
 
 
 def parse_value(text: str) -> Any:

@@ -12,7 +12,7 @@ SchemeName = Literal["iid", "dirichlet", "pathological", "dominant", "stages"]
 
 # Field -> command-line flag, so every message (and the CLI) uses the same spelling.
 FLAGS: dict[str, str] = {
-    "scheme": "--scheme",
+    "scheme": "--partition",
     "num_clients": "--clients",
     "imbalance": "--imbalance",
     "alpha": "--alpha",
@@ -116,9 +116,9 @@ class PartitionConfig(BaseModel):
     def _combinations(self) -> PartitionConfig:
         if self.quantity is not None and self.scheme not in ("dirichlet", "pathological"):
             raise ValueError(
-                f"--quantity only applies to --scheme dirichlet or pathological (got {self.scheme})")
+                f"--quantity only applies to --partition dirichlet or pathological (got {self.scheme})")
         if self.balanced and self.scheme != "dirichlet":
-            raise ValueError(f"--balanced only applies to --scheme dirichlet (got {self.scheme})")
+            raise ValueError(f"--balanced only applies to --partition dirichlet (got {self.scheme})")
         if self.balanced and self.quantity is not None:
             raise ValueError("--balanced cannot be combined with --quantity (both set client sizes)")
         if self.local_test == "holdout" and self.test_fraction >= 1.0:
