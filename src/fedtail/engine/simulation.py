@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from fedtail.algorithms import ALGORITHMS
-from fedtail.algorithms.base import Message, ServerHalf
+from fedtail.algorithms.base import EdgeHalf, Message, ServerHalf
 from fedtail.config import RunConfig
 from fedtail.data.base import Dataset
 from fedtail.engine.context import ServerContext, Workspace, derive_seed, initial_weights, load_weights
@@ -58,6 +58,7 @@ class SimComm:
         self.calls = 0
         self.logged: dict[str, Any] = {}
         self.client_wall = 0.0
+        self.loss = _LossAcc()  # the round's training loss, taken from the replies
 
     def stream(self, messages: Mapping[int, Message]) -> Iterator[tuple[int, Message]]:
         sim, meter = self.sim, self.sim.meter
@@ -83,6 +84,7 @@ class SimComm:
             meter.client_task_s += result.seconds
             meter.bytes_up += result.reply.nbytes
             meter.samples_trained += int(result.reply.metrics.get("num_samples", 0))
+            self.loss.add(result.reply)
             yield result.cid, result.reply
 
     def exchange(self, messages: Mapping[int, Message]) -> dict[int, Message]:
@@ -133,7 +135,7 @@ class Simulation:
             edge_of=assign_edges(config, self.num_clients),
         )
         self.server: ServerHalf = self.spec.server(self.server_ctx)
-        self.edge = (self.spec.edge or _IdentityEdge)(self.server_ctx)
+        self.edge = (self.spec.edge or EdgeHalf)(self.server_ctx)
         self.groups = self.partition.class_frequency_groups()
         self.record = RunRecord(list(config.targets))
         self.round_logs: list[dict[str, Any]] = []
@@ -160,15 +162,6 @@ class Simulation:
         clients = sample_clients(self.config.seed, rnd, self.num_clients, self.config.clients_per_round)
         comm = SimComm(self, rnd)
         samples_before = self.meter.samples_trained
-        loss_acc = _LossAcc()
-        comm_stream = comm.stream
-
-        def stream_and_track(messages):  # record the round's training loss from the replies
-            for cid, reply in comm_stream(messages):
-                loss_acc.add(reply)
-                yield cid, reply
-
-        comm.stream = stream_and_track  # type: ignore[method-assign]
         start = time.perf_counter()
         self.server.run_round(rnd, clients, comm)
         elapsed = time.perf_counter() - start
@@ -178,7 +171,7 @@ class Simulation:
             {
                 "round": rnd,
                 "clients": clients,
-                "train_loss": loss_acc.value,
+                "train_loss": comm.loss.value,
                 "samples": self.meter.samples_trained - samples_before,
             }
             | comm.logged
@@ -242,11 +235,3 @@ class _LossAcc:
     @property
     def value(self) -> float | None:
         return self.loss_sum / self.samples if self.samples else None
-
-
-class _IdentityEdge:
-    def __init__(self, ctx: ServerContext) -> None:
-        self.ctx = ctx
-
-    def reduce(self, edge_id: int, replies: dict[int, Message]) -> dict[int, Message]:
-        return replies
