@@ -16,8 +16,27 @@ def _counts(labels: np.ndarray | None, idx: np.ndarray, num_classes: int) -> np.
     return np.bincount(labels[idx], minlength=num_classes).astype(np.int64)
 
 
+class _CountsMixin:
+    """Per-class counts of the train/test/val index views (needs the label references)."""
+
+    train: np.ndarray
+    test: np.ndarray
+    val: np.ndarray
+    train_split_labels: np.ndarray | None
+    test_split_labels: np.ndarray | None
+
+    def train_counts(self, num_classes: int) -> np.ndarray:
+        return _counts(self.train_split_labels, self.train, num_classes)
+
+    def test_counts(self, num_classes: int) -> np.ndarray:
+        return _counts(self.test_split_labels, self.test, num_classes)
+
+    def val_counts(self, num_classes: int) -> np.ndarray:
+        return _counts(self.train_split_labels, self.val, num_classes)
+
+
 @dataclass
-class StageData:
+class StageData(_CountsMixin):
     """One stage task of a client (GLDP): its classes and train/test/val index views."""
 
     classes: np.ndarray
@@ -28,18 +47,9 @@ class StageData:
     train_split_labels: np.ndarray | None = field(default=None, repr=False, compare=False)
     test_split_labels: np.ndarray | None = field(default=None, repr=False, compare=False)
 
-    def train_counts(self, num_classes: int) -> np.ndarray:
-        return _counts(self.train_split_labels, self.train, num_classes)
-
-    def test_counts(self, num_classes: int) -> np.ndarray:
-        return _counts(self.test_split_labels, self.test, num_classes)
-
-    def val_counts(self, num_classes: int) -> np.ndarray:
-        return _counts(self.train_split_labels, self.val, num_classes)
-
 
 @dataclass
-class ClientData:
+class ClientData(_CountsMixin):
     """A client's int64 indices: train and val into the train split, test into the test_source split."""
 
     train: np.ndarray
@@ -48,15 +58,6 @@ class ClientData:
     stages: list[StageData] = field(default_factory=list)
     train_split_labels: np.ndarray | None = field(default=None, repr=False, compare=False)
     test_split_labels: np.ndarray | None = field(default=None, repr=False, compare=False)
-
-    def train_counts(self, num_classes: int) -> np.ndarray:
-        return _counts(self.train_split_labels, self.train, num_classes)
-
-    def test_counts(self, num_classes: int) -> np.ndarray:
-        return _counts(self.test_split_labels, self.test, num_classes)
-
-    def val_counts(self, num_classes: int) -> np.ndarray:
-        return _counts(self.train_split_labels, self.val, num_classes)
 
 
 @dataclass
