@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from fedtail.models.base import SplitModel, check_image_shape, check_num_classes, flat_dim
+from fedtail.models.base import SplitModel, check_image_shape, check_num_classes, conv_relu_pool, flat_dim
 
 
 def alexnet_small(input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
@@ -24,12 +24,8 @@ def alexnet_small(input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
     # Padded convs keep the size; three poolings by 2 need at least 8x8.
     c, _, _ = check_image_shape(name, input_shape, min_size=8)
     body = nn.Sequential(
-        nn.Conv2d(c, 64, kernel_size=3, padding=1),
-        nn.ReLU(inplace=True),
-        nn.MaxPool2d(2),
-        nn.Conv2d(64, 192, kernel_size=3, padding=1),
-        nn.ReLU(inplace=True),
-        nn.MaxPool2d(2),
+        *conv_relu_pool(c, 64, 3, padding=1),
+        *conv_relu_pool(64, 192, 3, padding=1),
         nn.Conv2d(192, 384, kernel_size=3, padding=1),
         nn.ReLU(inplace=True),
         nn.Conv2d(384, 256, kernel_size=3, padding=1),

@@ -137,3 +137,8 @@ def flat_dim(name: str, body: nn.Module, input_shape: tuple[int, ...]) -> int:
 def num_inputs(input_shape: tuple[int, ...]) -> int:
     """Number of scalars in one input (for models that flatten first)."""
     return math.prod(input_shape)
+
+
+def conv_relu_pool(c_in: int, c_out: int, kernel: int, padding: int = 0) -> list[nn.Module]:
+    """Conv -> ReLU -> 2x2 max-pool as a flat list, so bodies stay one flat Sequential."""
+    return [nn.Conv2d(c_in, c_out, kernel_size=kernel, padding=padding), nn.ReLU(inplace=True), nn.MaxPool2d(2)]

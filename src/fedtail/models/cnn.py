@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from fedtail.models.base import SplitModel, check_image_shape, check_num_classes, flat_dim
+from fedtail.models.base import SplitModel, check_image_shape, check_num_classes, conv_relu_pool, flat_dim
 
 
 def cnn_fmnist(input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
@@ -22,15 +22,7 @@ def cnn_fmnist(input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
     num_classes = check_num_classes(num_classes)
     # Padding 2 keeps the size through each conv, so only the two poolings shrink: 4x4 is the floor.
     c, _, _ = check_image_shape(name, input_shape, min_size=4)
-    body = nn.Sequential(
-        nn.Conv2d(c, 32, kernel_size=5, padding=2),
-        nn.ReLU(inplace=True),
-        nn.MaxPool2d(2),
-        nn.Conv2d(32, 64, kernel_size=5, padding=2),
-        nn.ReLU(inplace=True),
-        nn.MaxPool2d(2),
-        nn.Flatten(),
-    )
+    body = nn.Sequential(*conv_relu_pool(c, 32, 5, padding=2), *conv_relu_pool(32, 64, 5, padding=2), nn.Flatten())
     dim = flat_dim(name, body, input_shape)
     return SplitModel(body, nn.Linear(dim, num_classes), dim, num_classes)
 
@@ -46,15 +38,7 @@ def cnn2fc(input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
     num_classes = check_num_classes(num_classes)
     # Unpadded: H -> H-4 -> /2 -> -4 -> /2 must stay >= 1, which needs H >= 16 (so no 8x8 digits).
     c, _, _ = check_image_shape(name, input_shape, min_size=16)
-    body = nn.Sequential(
-        nn.Conv2d(c, 32, kernel_size=5),
-        nn.ReLU(inplace=True),
-        nn.MaxPool2d(2),
-        nn.Conv2d(32, 64, kernel_size=5),
-        nn.ReLU(inplace=True),
-        nn.MaxPool2d(2),
-        nn.Flatten(),
-    )
+    body = nn.Sequential(*conv_relu_pool(c, 32, 5), *conv_relu_pool(32, 64, 5), nn.Flatten())
     dim = flat_dim(name, body, input_shape)
     head = nn.Sequential(nn.Linear(dim, 512), nn.ReLU(inplace=True), nn.Linear(512, num_classes))
     return SplitModel(body, head, dim, num_classes)
@@ -71,15 +55,7 @@ def convnet(input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
     num_classes = check_num_classes(num_classes)
     # Unpadded like cnn2fc, so 16x16 is the smallest input.
     c, _, _ = check_image_shape(name, input_shape, min_size=16)
-    convs = [
-        nn.Conv2d(c, 6, kernel_size=5),
-        nn.ReLU(inplace=True),
-        nn.MaxPool2d(2),
-        nn.Conv2d(6, 16, kernel_size=5),
-        nn.ReLU(inplace=True),
-        nn.MaxPool2d(2),
-        nn.Flatten(),
-    ]
+    convs = [*conv_relu_pool(c, 6, 5), *conv_relu_pool(6, 16, 5), nn.Flatten()]
     flat = flat_dim(name, nn.Sequential(*convs), input_shape)
     # One flat Sequential (not nested) so activation indices stay simple for layer insertion.
     body = nn.Sequential(
