@@ -17,7 +17,7 @@ from torch import nn
 from fedtail.algorithms.base import AlgorithmConfig, Message, Tensors
 from fedtail.config import RunConfig, TrainConfig
 from fedtail.data.base import Dataset, Split
-from fedtail.engine.training import EvalCounts, ExtraLoss, TrainStats, evaluate, train_epochs
+from fedtail.engine.training import EvalCounts, ExtraLoss, OnStep, TrainStats, evaluate, train_epochs
 from fedtail.models import SplitModel, build_model
 from fedtail.partition import Partition
 
@@ -175,11 +175,16 @@ class ClientContext:
         params: list[nn.Parameter] | None = None,
         extra_loss: ExtraLoss | None = None,
         index: torch.Tensor | None = None,
+        on_step: OnStep | None = None,
+        **hyper: float,
     ) -> TrainStats:
-        """Local SGD on this client's training data; the stats also accumulate in ``ctx.stats``."""
+        """Local SGD on this client's training data; the stats also accumulate in ``ctx.stats``.
+
+        ``hyper`` overrides the optimizer settings (momentum, weight_decay) for this call.
+        """
         model = self.model(role)
         params = list(model.parameters()) if params is None else params
-        optimizer = self.optimizer(params, lr, role=role)
+        optimizer = self.optimizer(params, lr, role=role, **hyper)
         cfg = self.train_config
         stats = train_epochs(
             model,
@@ -192,6 +197,7 @@ class ClientContext:
             extra_loss=extra_loss,
             grad_clip=cfg.grad_clip,
             params=params,
+            on_step=on_step,
         )
         self.stats += stats
         return stats

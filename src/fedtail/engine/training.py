@@ -17,6 +17,8 @@ from fedtail.data.base import Dataset, Split
 
 # extra_loss(model, x, y, logits) -> tensor added to the cross-entropy (FedProx, Ditto, ...)
 ExtraLoss = Callable[[nn.Module, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+# on_step(loss) is called after every optimizer step with the batch's cross-entropy (MuPFL's BAVD)
+OnStep = Callable[[float], None]
 
 
 @dataclass
@@ -59,6 +61,7 @@ def train_epochs(
     extra_loss: ExtraLoss | None = None,
     grad_clip: float | None = None,
     params: list[nn.Parameter] | None = None,
+    on_step: OnStep | None = None,
 ) -> TrainStats:
     """SGD epochs over ``dataset.train[index]``; the loss is taken from the training pass itself."""
     stats = TrainStats()
@@ -79,7 +82,10 @@ def train_epochs(
                 torch.nn.utils.clip_grad_norm_(clip_params, grad_clip)
             optimizer.step()
             n = len(batch)
-            stats.loss_sum += float(loss.detach()) * n
+            value = float(loss.detach())
+            if on_step is not None:
+                on_step(value)
+            stats.loss_sum += value * n
             stats.samples += n
             stats.steps += 1
     return stats
