@@ -1,0 +1,341 @@
+"""The baselines FedProx, FedNova, Ditto and FedRep: the properties each must have, and a run each."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from conftest import tiny_config, tiny_raw
+from fedtail.algorithms.base import Message
+from fedtail.algorithms.fednova import normalizer
+from fedtail.algorithms.fedprox import proximal_term
+from fedtail.algorithms.fedrep import train_only
+from fedtail.cli.main import app
+from fedtail.config import RunConfig, build_config
+from fedtail.engine import prepare
+from fedtail.engine.context import ClientContext
+from fedtail.engine.executors import ClientRuntime, Task
+from fedtail.engine.simulation import Simulation
+from fedtail.errors import ConfigError
+
+runner = CliRunner()
+
+
+def run(config: RunConfig) -> tuple[list[dict], Simulation]:
+    dataset, partition = prepare(config)
+    rows: list[dict] = []
+    sim = Simulation(config, dataset, partition, on_eval=rows.append)
+    sim.run()
+    return rows, sim
+
+
+def strip_timing(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if k != "elapsed_s"} for r in rows]
+
+
+def runtime(config: RunConfig) -> ClientRuntime:
+    """The engine's in-process client runner, to call a client half directly."""
+    dataset, partition = prepare(config)
+    return ClientRuntime(config, dataset, partition)
+
+
+def fit(rt: ClientRuntime, cid: int, tensors: dict, state: dict | None = None) -> tuple[Message, dict]:
+    result = rt.run(Task(cid, 1, 0, Message("fit", tensors), {} if state is None else state))
+    return result.reply, result.state
+
+
+def evaluate(rt: ClientRuntime, cid: int, tensors: dict, state: dict) -> Message:
+    return rt.run(Task(cid, 1, 1 << 20, Message("evaluate", tensors), state, read_only=True)).reply
+
+
+def distance(a: dict, b: dict) -> float:
+    return float(sum((a[k].double() - b[k].double()).pow(2).sum() for k in a)) ** 0.5
+
+
+def assert_same(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+# --- options -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "algorithm, assignment, needle",
+    [
+        ("fedprox", "fedprox.mu=-0.1", "--set fedprox.mu: Input should be greater than or equal to 0"),
+        ("ditto", "ditto.lam=-1", "--set ditto.lam: Input should be greater than or equal to 0"),
+        ("ditto", "ditto.personal_epochs=0", "--set ditto.personal_epochs"),
+        ("fedrep", "fedrep.head_epochs=0", "--set fedrep.head_epochs"),
+        ("fedrep", "fedrep.body_epochs=1.5", "--set fedrep.body_epochs"),
+        ("fednova", "fednova.mu=0.1", "unknown key; allowed: none"),
+        ("fedprox", "fedprox.lam=1", "unknown key; allowed: mu"),
+    ],
+)
+def test_bad_options_are_rejected_before_the_run(algorithm, assignment, needle):
+    with pytest.raises(ConfigError) as err:
+        build_config(tiny_raw(algorithm=algorithm), [assignment])
+    assert needle in str(err.value)
+
+
+def test_options_parse_and_default():
+    assert build_config(tiny_raw(algorithm="fedprox")).algorithm_options().mu == 0.01
+    assert build_config(tiny_raw(algorithm="fedprox"), ["fedprox.mu=0.5"]).algorithm_options().mu == 0.5
+    ditto = build_config(tiny_raw(algorithm="ditto"), ["algo.personal_epochs=3"]).algorithm_options()
+    assert ditto.lam == 1.0 and ditto.personal_epochs == 3
+    rep = build_config(tiny_raw(algorithm="fedrep"), ["fedrep.head_epochs=null"]).algorithm_options()
+    assert rep.head_epochs is None and rep.body_epochs == 1
+
+
+# --- end to end through the command line ------------------------------------------------------
+
+SMOKE = [
+    "--dataset", "synthetic", "--model", "mlp", "--partition", "dirichlet", "--alpha", "0.5",
+    "--clients", "6", "--fraction", "0.5", "--rounds", "2", "--local-epochs", "1",
+    "--batch-size", "16", "--lr", "0.05", "--set", "dataset_options.num_classes=5",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "algorithm, option, has_global",
+    [
+        ("fedprox", "fedprox.mu=0.1", True),
+        ("fednova", None, True),
+        ("ditto", "ditto.lam=0.5", True),
+        ("fedrep", "fedrep.head_epochs=2", False),
+    ],
+)
+def test_runs_end_to_end_above_chance(tmp_path, algorithm, option, has_global):
+    out = tmp_path / "r"
+    sets = ["--set", option] if option else []
+    res = runner.invoke(app, ["run", "--algorithm", algorithm, *SMOKE, *sets, "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    summary = json.loads((out / "summary.json").read_text())
+    chance = 1 / 5
+    assert chance < summary["final"]["personalized_acc"] <= 1
+    if has_global:
+        assert chance < summary["final"]["global_acc"] <= 1
+    else:
+        assert summary["final"]["global_acc"] is None
+    config = json.loads((out / "config.json").read_text())
+    if option:
+        key, value = option.split("=")
+        assert config["options"] == {key.split(".")[1]: json.loads(value)}
+
+
+def test_cli_rejects_a_negative_mu_with_one_line(tmp_path):
+    out = tmp_path / "r"
+    res = runner.invoke(app, ["run", "--algorithm", "fedprox", *SMOKE, "--set", "fedprox.mu=-1", "--out", str(out)])
+    assert res.exit_code == 2, res.output
+    assert "fedprox.mu" in res.output and "Traceback" not in res.output
+    assert not out.exists()
+
+
+# --- FedProx -----------------------------------------------------------------------------------
+
+
+def test_fedprox_with_mu_zero_is_exactly_fedavg():
+    fed_rows, fedavg = run(tiny_config(algorithm="fedavg"))
+    prox_rows, fedprox = run(tiny_config(algorithm="fedprox", options={"mu": 0.0}))
+    assert_same(fedprox.server.weights, fedavg.server.weights)
+    assert strip_timing(prox_rows) == strip_timing(fed_rows)
+    _, pulled = run(tiny_config(algorithm="fedprox", options={"mu": 1.0}))
+    assert not torch.equal(pulled.server.weights["head.weight"], fedavg.server.weights["head.weight"])
+
+
+def test_proximal_term_value_and_pull():
+    config = tiny_config(algorithm="fedprox")
+    rt = runtime(config)
+    model = rt.workspace.model()
+    anchor = {k: v + 0.5 for k, v in rt.workspace.init_weights.items()}
+    model.load_state_dict(rt.workspace.init_weights)
+    term = proximal_term(model, anchor, 0.2)(model, None, None, None)
+    n = sum(p.numel() for p in model.parameters())
+    assert float(term.detach()) == pytest.approx(0.5 * 0.2 * n * 0.25, rel=1e-5)
+    # A larger μ keeps the client closer to the model it received.
+    start = rt.workspace.init_weights
+    drift = {}
+    for mu in (0.0, 5.0):
+        rt.options = config.model_copy(update={"options": {"mu": mu}}).algorithm_options()
+        reply, _ = fit(rt, 2, start)
+        drift[mu] = distance(reply.tensors, start)
+    assert drift[5.0] < 0.5 * drift[0.0]
+
+
+# --- FedNova -----------------------------------------------------------------------------------
+
+
+def test_fednova_normalizer():
+    assert normalizer(7, 0.0) == 7.0
+    assert normalizer(3, 0.5) == pytest.approx(1 + 1.5 + 1.75)
+    # Σ_k (1 − ρ^k)/(1 − ρ), the total weight heavy-ball momentum gives the gradients
+    assert normalizer(20, 0.9) == pytest.approx(sum((1 - 0.9**k) / 0.1 for k in range(1, 21)))
+
+
+def _digits_resnet(**overrides) -> RunConfig:
+    raw = tiny_raw(dataset="digits", model="resnet8", **overrides)
+    raw["dataset_options"] = {}
+    return build_config(raw)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        # plain SGD, 100 samples per client: 7 steps each
+        lambda algorithm: tiny_config(algorithm=algorithm, partition={"scheme": "iid", "num_clients": 4}),
+        # momentum, and BatchNorm buffers (running stats, integer num_batches_tracked); 359-360
+        # samples per client, batch 64: 6 steps each
+        lambda algorithm: _digits_resnet(
+            algorithm=algorithm, partition={"scheme": "iid", "num_clients": 4}, train={"batch_size": 64, "momentum": 0.9}
+        ),
+    ],
+    ids=["mlp-sgd", "resnet8-momentum"],
+)
+def test_fednova_with_equal_steps_is_fedavg(make):
+    rounds = 2
+    _, fedavg = run(make("fedavg").model_copy(update={"rounds": rounds}))
+    rows, fednova = run(make("fednova").model_copy(update={"rounds": rounds}))
+    steps = set(_steps_per_client(fednova))
+    assert len(steps) == 1  # the premise: every client took the same number of steps
+    for name, value in fedavg.server.weights.items():
+        nova = fednova.server.weights[name]
+        assert nova.dtype == value.dtype
+        assert torch.allclose(nova.double(), value.double(), rtol=1e-5, atol=1e-6), name
+    rho = fednova.config.train.momentum
+    assert rows[-1]["rounds_log"][-1]["tau_eff"] == pytest.approx(normalizer(steps.pop(), rho))
+
+
+def _steps_per_client(sim: Simulation) -> list[int]:
+    batch = sim.config.train.batch_size
+    return [-(-len(c.train) // batch) for c in sim.partition.clients]
+
+
+def test_fednova_with_unequal_steps_differs_from_fedavg():
+    _, fedavg = run(tiny_config(algorithm="fedavg"))
+    rows, fednova = run(tiny_config(algorithm="fednova"))
+    assert len(set(_steps_per_client(fednova))) > 1
+    assert not torch.allclose(fednova.server.weights["head.weight"], fedavg.server.weights["head.weight"], atol=1e-4)
+    # τ_eff is the sample-weighted mean of the sampled clients' step counts
+    log = rows[-1]["rounds_log"][-1]
+    sizes = [len(fednova.partition.clients[c].train) for c in log["clients"]]
+    steps = [-(-n // 16) for n in sizes]
+    assert log["tau_eff"] == pytest.approx(sum(n * s for n, s in zip(sizes, steps)) / sum(sizes))
+
+
+def test_fednova_client_reports_its_momentum_normalizer():
+    config = tiny_config(algorithm="fednova", train={"momentum": 0.9})
+    rt = runtime(config)
+    reply, _ = fit(rt, 1, rt.workspace.init_weights)
+    assert reply.metrics["a_norm"] == pytest.approx(normalizer(int(reply.metrics["num_steps"]), 0.9))
+    # the update is normalised: (w^t − w_i) / ‖a_i‖₁
+    trained = rt.workspace.model().state_dict()
+    w = rt.workspace.init_weights["head.bias"]
+    expected = (w - trained["head.bias"]) / reply.metrics["a_norm"]
+    assert torch.allclose(reply.tensors["head.bias"], expected)
+
+
+# --- Ditto -------------------------------------------------------------------------------------
+
+
+def test_ditto_uploads_the_global_update_never_the_personal_model():
+    rt = runtime(tiny_config(algorithm="ditto"))
+    start = rt.workspace.init_weights
+    reply, state = fit(rt, 0, start)
+    assert_same(reply.tensors, rt.workspace.model("main").state_dict())
+    personal = state["personal"]
+    assert personal.keys() == reply.tensors.keys()
+    assert all(not torch.equal(personal[k], reply.tensors[k]) for k in personal)
+    # A second round starts from the stored personal model, not from the message.
+    reply2, state2 = fit(rt, 0, reply.tensors, state)
+    assert not any(torch.equal(state2["personal"][k], reply2.tensors[k]) for k in personal)
+
+
+def test_ditto_global_model_is_exactly_fedavg():
+    """The global half trains first, on the same random stream, so it is FedAvg's model bit for bit."""
+    fed_rows, fedavg = run(tiny_config(algorithm="fedavg"))
+    ditto_rows, ditto = run(tiny_config(algorithm="ditto"))
+    assert_same(ditto.server.weights, fedavg.server.weights)
+    assert [r["global_acc"] for r in ditto_rows] == [r["global_acc"] for r in fed_rows]
+    assert ditto_rows[-1]["personalized_acc"] != fed_rows[-1]["personalized_acc"]
+
+
+def test_ditto_large_lambda_keeps_the_personal_model_near_the_global():
+    config = tiny_config(algorithm="ditto", train={"local_epochs": 2})
+    rt = runtime(config)
+    start = rt.workspace.init_weights
+    drift = {}
+    for lam in (0.0, 10.0):  # lr 0.05 · λ 10 = 0.5: a strong but stable pull
+        rt.options = config.model_copy(update={"options": {"lam": lam}}).algorithm_options()
+        _, state = fit(rt, 2, start)
+        drift[lam] = distance(state["personal"], start)
+    assert drift[10.0] < 0.2 * drift[0.0]
+
+
+def test_ditto_evaluates_the_personal_model_if_any_else_the_global():
+    rt = runtime(tiny_config(algorithm="ditto"))
+    glob = rt.workspace.init_weights
+    personal = {k: v + 0.3 * torch.randn(v.shape, generator=torch.Generator().manual_seed(0)) for k, v in glob.items()}
+    with_personal = evaluate(rt, 3, glob, {"personal": personal})
+    as_message = evaluate(rt, 3, personal, {})
+    plain = evaluate(rt, 3, glob, {})
+    assert torch.equal(with_personal.tensors["correct"], as_message.tensors["correct"])
+    assert not torch.equal(with_personal.tensors["correct"], plain.tensors["correct"])
+
+
+# --- FedRep ------------------------------------------------------------------------------------
+
+
+def test_fedrep_training_one_part_leaves_the_other_untouched():
+    config = tiny_config(algorithm="fedrep")
+    rt = runtime(config)
+    ctx = ClientContext(1, 1, 123, rt.views[1], rt.workspace, rt.options)
+    model = ctx.load(rt.workspace.init_weights)
+    for part, frozen, keys in ((model.head, model.body, model.body_keys()), (model.body, model.head, model.head_keys())):
+        before = ctx.weights(keys=keys)
+        trained_before = {k: v.clone() for k, v in part.state_dict().items()}
+        stats = train_only(ctx, part, frozen, epochs=2)
+        assert stats.steps > 0
+        assert_same(ctx.weights(keys=keys), before)
+        assert all(not torch.equal(v, trained_before[k]) for k, v in part.state_dict().items())
+        assert all(p.requires_grad for p in model.parameters())  # unfrozen afterwards
+
+
+def test_fedrep_uploads_only_the_body_and_keeps_the_head():
+    rt = runtime(tiny_config(algorithm="fedrep"))
+    model = rt.workspace.model()
+    init = rt.workspace.init_weights
+    body = {k: init[k] for k in model.body_keys()}
+    reply, state = fit(rt, 4, body)
+    assert set(reply.tensors) == set(model.body_keys())
+    assert not set(reply.tensors) & set(model.head_keys())
+    assert set(state["head"]) == set(model.head_keys())
+    assert not torch.equal(state["head"]["head.weight"], init["head.weight"])
+    # Evaluation: the global body with the client's own head (or the initial head).
+    ctx = ClientContext(4, 1, 0, rt.views[4], rt.workspace, rt.options)
+    for client_state, head in ((state, state["head"]), ({}, {k: init[k] for k in model.head_keys()})):
+        ctx.load(body | head)
+        expected = ctx.evaluate()
+        got = evaluate(rt, 4, body, client_state)
+        assert torch.equal(got.tensors["correct"], expected.tensors["correct"])
+        assert torch.equal(got.tensors["total"], expected.tensors["total"])
+
+
+def test_fedrep_uplink_is_bodies_only_in_a_run():
+    config = tiny_config(algorithm="fedrep", rounds=2)
+    rows, sim = run(config)
+    model = sim.workspace.model()
+    body_bytes = sum(v.numel() * v.element_size() for k, v in model.state_dict().items() if k in model.body_keys())
+    assert sim.meter.bytes_up == sim.meter.bytes_down == 2 * config.clients_per_round * body_bytes
+    sampled = {c for row in rows for r in row["rounds_log"] for c in r["clients"]}
+    assert {c for c, s in sim.client_state.items() if "head" in s} == sampled
+    assert rows[-1]["global_acc"] is None
+
+
+def test_fedrep_serial_and_parallel_agree_exactly():
+    """Heads kept in client state and partial loads behave the same in worker processes."""
+    serial, _ = run(tiny_config(algorithm="fedrep", workers=1))
+    parallel, _ = run(tiny_config(algorithm="fedrep", workers=2))
+    assert strip_timing(serial) == strip_timing(parallel)
