@@ -195,3 +195,28 @@ def test_options_are_validated():
         MuPFLConfig(kappa_min=5, kappa_max=3)
     with pytest.raises(ValueError):
         MuPFLConfig(alpha=1.5)
+
+
+def test_bavd_rescale_divides_kept_activations_by_the_kept_fraction():
+    model = _cnn()
+    x = torch.randn(3, 1, 8, 8)
+    planted = torch.rand(32, 8, 8)
+    keep = keep_mask(planted)
+    outs = {}
+    for rescale in (False, True):
+        maps = ActivationMaps([0], psi_sign=-1.0, rescale=rescale)
+        maps.maps[0] = planted.clone()
+        model.train()
+        with maps.attached(model):
+            outs[rescale] = model.body[:2](x)
+    assert torch.allclose(outs[True], outs[False] / keep.float().mean())
+
+
+def test_negative_layer_index_selects_the_last_activation():
+    model = _cnn()
+    maps = ActivationMaps([-1], psi_sign=1.0)
+    model.train()
+    with maps.attached(model):
+        model(torch.randn(2, 1, 8, 8))
+        maps.on_step(1.0)
+    assert maps.maps[0].shape == (64, 4, 4)  # the second conv block's activation

@@ -1,4 +1,4 @@
-"""The ``fedtail`` command line: run, list, partition.
+"""The ``fedtail`` command line: run, compare, sweep, report, list, partition.
 
 Every bad input ends in one line ``error: ...`` naming the flag or key and what is allowed,
 with exit code 2, before any run folder is created.
@@ -23,7 +23,10 @@ console = Console(stderr=True)
 
 
 def fail(message: str) -> None:
-    console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    from rich.markup import escape
+
+    # escaped: messages quote TOML tables such as [settings.x], which are not Rich markup
+    console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(2)
 
 
@@ -267,6 +270,78 @@ def compare(
             f"{s['wall_time_s']:.0f}",
         )
     Console().print(table)
+
+
+def _names_option(text: Optional[str]) -> Optional[list[str]]:
+    return [n.strip() for n in text.split(",") if n.strip()] if text else None
+
+
+@app.command()
+def sweep(
+    file: Path = typer.Argument(..., help="sweep TOML file (out, seeds, jobs, [base], [settings.*], [methods.*])"),
+    jobs: Optional[int] = typer.Option(None, help="runs in parallel (overrides the file's `jobs`)"),
+    methods: Optional[str] = typer.Option(None, help="comma-separated subset of the file's methods"),
+    settings: Optional[str] = typer.Option(None, help="comma-separated subset of the file's settings"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="list the runs with their status; run nothing"),
+    force: bool = typer.Option(False, "--force", help="rerun finished runs whose config differs (stale)"),
+    out: Optional[Path] = typer.Option(None, "--out", help="folder of the runs (overrides the file's `out`)"),
+) -> None:
+    """Run settings × methods × seeds from a TOML file, in parallel, skipping finished runs.
+
+    File format and resume rules: docs/sweeps.md (and fedtail/report/sweep.py).
+    """
+    from fedtail.report.sweep import sweep_command
+
+    try:
+        code = sweep_command(
+            file,
+            jobs=jobs,
+            methods=_names_option(methods),
+            settings=_names_option(settings),
+            dry_run=dry_run,
+            force=force,
+            out=out,
+            console=console,
+            stdout=Console(),
+        )
+    except FedtailError as err:
+        fail(str(err))
+    except KeyboardInterrupt:
+        console.print("[bold red]interrupted[/]: unfinished runs are rerun by the next `fedtail sweep`")
+        raise typer.Exit(130)
+    if code:
+        raise typer.Exit(code)
+
+
+@app.command()
+def report(
+    run_dirs: list[Path] = typer.Argument(..., help="run folders, or folders containing them (searched recursively)"),
+    out: Path = typer.Option(..., "--out", help="Markdown file to write; PNG figures are written beside it"),
+    reference: Optional[Path] = typer.Option(None, help="TOML with [reference.SETTING] METHOD = percent"),
+    title: Optional[str] = typer.Option(None, help="report title"),
+    command: Optional[str] = typer.Option(None, help="the command that produced the runs (default: from sweep.json)"),
+) -> None:
+    """Tables (mean ± std over seeds) and figures of finished runs, as Markdown + PNG."""
+    import shlex
+
+    from rich.markup import escape
+
+    from fedtail.report.document import write_report
+
+    argv = ["fedtail", "report", *map(str, run_dirs), "--out", str(out)]
+    for flag, value in (("--reference", reference), ("--title", title), ("--command", command)):
+        if value is not None:
+            argv += [flag, str(value)]
+    try:
+        result = write_report(
+            run_dirs, out, report_command=shlex.join(argv), reference_path=reference, title=title, command=command
+        )
+    except FedtailError as err:
+        fail(str(err))
+    for warning in result.warnings:
+        console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)
+    figures = "".join(f", {p}" for p in result.plots)
+    console.print(escape(f"wrote {out}{figures}"), highlight=False, soft_wrap=True)
 
 
 @app.command("list")

@@ -65,6 +65,7 @@ class MuPFLConfig(AlgorithmConfig):
         None, description="indices of the body's activation layers followed by BAVD (None: all)"
     )
     psi_sign: Literal[1, -1] = Field(1, description="ψ = sign·(ℓ(λ) − ℓ(λ−1)); +1 is Eq. 6 as written")
+    bavd_rescale: bool = Field(False, description="divide kept activations by the kept fraction (inverted dropout)")
     alpha: float = Field(0.5, ge=0, le=1, description="weight of the update term in Dist (Eq. 8)")
     kappa: int | None = Field(None, ge=1, description="fixed number of clusters (Table V); None: adaptive")
     kappa_min: int = Field(2, ge=2)
@@ -236,7 +237,9 @@ class MuPFLClient(ClientHalf):
             )
         start = ctx.weights()
 
-        maps = ActivationMaps.from_state(self._layers(ctx), float(opts.psi_sign), ctx.state.get("bavd"))
+        maps = ActivationMaps.from_state(
+            self._layers(ctx), float(opts.psi_sign), ctx.state.get("bavd"), opts.bavd_rescale
+        )
         if opts.bavd:
             with maps.attached(model):
                 ctx.train(on_step=maps.on_step)

@@ -49,9 +49,10 @@ class ActivationMaps:
     Both persist across rounds in the client's state (see :meth:`state` / :meth:`from_state`).
     """
 
-    def __init__(self, layers: list[int], psi_sign: float = 1.0) -> None:
+    def __init__(self, layers: list[int], psi_sign: float = 1.0, rescale: bool = False) -> None:
         self.layers = layers
         self.psi_sign = psi_sign
+        self.rescale = rescale
         self.maps: list[torch.Tensor | None] = [None] * len(layers)
         self.last_loss: float | None = None
         self._batch_means: list[torch.Tensor | None] = [None] * len(layers)
@@ -61,8 +62,10 @@ class ActivationMaps:
         return {"maps": self.maps, "last_loss": self.last_loss}
 
     @classmethod
-    def from_state(cls, layers: list[int], psi_sign: float, state: dict | None) -> "ActivationMaps":
-        maps = cls(layers, psi_sign)
+    def from_state(
+        cls, layers: list[int], psi_sign: float, state: dict | None, rescale: bool = False
+    ) -> "ActivationMaps":
+        maps = cls(layers, psi_sign, rescale)
         if state:
             maps.maps = [None if m is None else m.clone() for m in state["maps"]]
             maps.last_loss = state["last_loss"]
@@ -83,7 +86,10 @@ class ActivationMaps:
             current = self.maps[k]
             if current is None:
                 return None  # λ = 0: no map yet, nothing to drop
-            return output * keep_mask(current).to(output.dtype)
+            keep = keep_mask(current).to(output.dtype)
+            if self.rescale:
+                keep = keep / keep.mean()
+            return output * keep
 
         return hook
 

@@ -1,0 +1,44 @@
+"""Internal entry point of ``fedtail sweep``: one run in its own process.
+
+    python -m fedtail.report._runone RUN_DIR < config.json
+
+The config (a full ``config.json`` dict) is validated with :func:`fedtail.config.build_config`
+and run with the same :func:`fedtail.cli.main.execute_run` as ``fedtail run``. Exit codes:
+0 finished, 2 bad input (one ``error:`` line), 1 the run crashed (traceback, ``FAILED``).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m fedtail.report._runone RUN_DIR < config.json", file=sys.stderr)
+        return 2
+    from fedtail.cli.main import execute_run
+    from fedtail.config import build_config
+    from fedtail.errors import FedtailError
+
+    try:
+        config = build_config(json.loads(sys.stdin.read()))
+        summary = execute_run(config, Path(args[0]))
+    except FedtailError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except json.JSONDecodeError as err:
+        print(f"error: the config on stdin is not JSON ({err})", file=sys.stderr)
+        return 2
+    final, best = summary["final"], summary["best"]
+    print(
+        f"finished: final personalized_acc {final['personalized_acc']:.4f} (round {final['round']}), "
+        f"best {best['personalized_acc']:.4f} (round {best['round']}), wall {summary['wall_time_s']:.1f} s"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

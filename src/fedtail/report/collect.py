@@ -1,0 +1,233 @@
+"""Finding run folders and grouping them into (setting, method) cells for ``fedtail report``.
+
+A run folder holds ``config.json`` and, once finished, ``summary.json``. Folders laid out as
+``{setting}/{method}/seed{k}`` (what ``fedtail sweep`` writes; ``k`` must equal the config's
+seed) are grouped by that layout; any other run is grouped by its config: the method is the
+algorithm name (with its options, if any) and the setting a label derived from the dataset and
+the partition (e.g. ``fmnist-a0.5-if10``). A ``sweep.json`` beside the setting folders gives
+the order of settings and methods, the runs that were planned, and the sweep's command.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fedtail.errors import FedtailError
+
+_SEED_DIR = re.compile(r"seed(\d+)")
+
+
+@dataclass
+class Run:
+    dir: Path  # as found (relative to the given folder's spelling)
+    setting: str
+    method: str
+    seed: int | None
+    config: dict[str, Any] | None
+    summary: dict[str, Any] | None  # None: unfinished (or unreadable)
+    sweep_root: Path | None = None
+    problem: str = ""  # why an unfinished run is unfinished
+    _metrics: list[dict[str, Any]] | None = field(default=None, repr=False)
+
+    @property
+    def finished(self) -> bool:
+        return self.summary is not None
+
+    def metrics(self) -> list[dict[str, Any]]:
+        """Rows of ``metrics.jsonl`` (unreadable lines are skipped)."""
+        if self._metrics is None:
+            rows: list[dict[str, Any]] = []
+            try:
+                for line in (self.dir / "metrics.jsonl").read_text().splitlines():
+                    try:
+                        row = json.loads(line)
+                    except ValueError:
+                        continue
+                    if isinstance(row, dict):
+                        rows.append(row)
+            except OSError:
+                pass
+            self._metrics = rows
+        return self._metrics
+
+
+@dataclass
+class Collection:
+    runs: list[Run]  # finished and unfinished, deduplicated
+    settings: list[str]  # display order
+    methods: list[str]
+    expected: dict[tuple[str, str], set[int]]  # (setting, method) -> seeds the sweep planned
+    sweeps: list[dict[str, Any]]  # sweep.json contents, each with "root"
+    warnings: list[str]
+
+    def finished(self, setting: str, method: str) -> list[Run]:
+        runs = [r for r in self.runs if r.finished and r.setting == setting and r.method == method]
+        return sorted(runs, key=lambda r: (r.seed is None, r.seed or 0, str(r.dir)))
+
+    def unfinished(self, setting: str, method: str) -> list[Run]:
+        return [r for r in self.runs if not r.finished and r.setting == setting and r.method == method]
+
+
+def _read_json(path: Path) -> tuple[Any, str]:
+    try:
+        return json.loads(path.read_text()), ""
+    except FileNotFoundError:
+        return None, f"no {path.name}"
+    except (OSError, ValueError) as err:
+        return None, f"unreadable {path.name} ({err})"
+
+
+def _fmt(v: Any) -> str:
+    return f"{v:g}" if isinstance(v, (int, float)) and not isinstance(v, bool) else str(v)
+
+
+def setting_label(config: dict[str, Any]) -> str:
+    """A short label of the dataset and partition, e.g. ``fmnist-a0.5-if10``."""
+    p = config.get("partition") or {}
+    scheme = p.get("scheme", "?")
+    detail = {
+        "dirichlet": f"a{_fmt(p.get('alpha'))}",
+        "iid": "iid",
+        "pathological": f"path{_fmt(p.get('classes_per_client'))}",
+        "dominant": f"dom{_fmt(p.get('iid_fraction'))}",
+        "stages": f"stages{_fmt(p.get('stages'))}x{_fmt(p.get('classes_per_stage'))}",
+    }.get(scheme, str(scheme))
+    return f"{config.get('dataset', '?')}-{detail}-if{_fmt(p.get('imbalance', 1))}"
+
+
+def method_label(config: dict[str, Any]) -> str:
+    """The algorithm name, with its options when any are set: ``mupfl(kappa=2)``."""
+    options = config.get("options") or {}
+    name = str(config.get("algorithm", "?"))
+    if options:
+        name += "(" + ",".join(f"{k}={_fmt(v)}" for k, v in sorted(options.items())) + ")"
+    return name
+
+
+def _valid_summary(summary: Any) -> bool:
+    try:
+        return all(isinstance(summary[k]["personalized_acc"], (int, float)) for k in ("final", "best"))
+    except (TypeError, KeyError):
+        return False
+
+
+def _candidates(path: Path) -> list[Path]:
+    found = {p.parent for name in ("summary.json", "config.json") for p in path.rglob(name)}
+    if (path / "summary.json").is_file() or (path / "config.json").is_file():
+        found.add(path)
+    return sorted(found, key=lambda p: p.as_posix())
+
+
+def collect(paths: list[Path]) -> Collection:
+    """All runs under ``paths``; raises FedtailError for a path that does not exist."""
+    warnings: list[str] = []
+    runs: list[Run] = []
+    seen: set[Path] = set()
+    roots: dict[Path, Path] = {}  # resolved sweep root -> as spelled
+    for given in paths:
+        if not given.exists():
+            raise FedtailError(f"report: no such folder {given}")
+        base = given.parent if given.is_file() else given
+        for d in _candidates(base):
+            key = d.resolve()
+            if key in seen:
+                continue
+            seen.add(key)
+            run = _load_run(d, warnings)
+            if run is None:
+                continue
+            if run.sweep_root is not None:
+                roots.setdefault(run.sweep_root.resolve(), run.sweep_root)
+            runs.append(run)
+        # a sweep folder whose runs have not started yet still has a plan
+        for sj in [base / "sweep.json", *base.glob("*/sweep.json")]:
+            if sj.is_file():
+                roots.setdefault(sj.parent.resolve(), sj.parent)
+
+    sweeps: list[dict[str, Any]] = []
+    expected: dict[tuple[str, str], set[int]] = {}
+    given_resolved = [p.resolve() for p in paths]
+    for root in roots.values():
+        data, problem = _read_json(root / "sweep.json")
+        if data is None:
+            if "unreadable" in problem:
+                warnings.append(f"{root / 'sweep.json'}: {problem}")
+            continue
+        if not isinstance(data, dict):
+            warnings.append(f"{root / 'sweep.json'}: not a JSON object; ignored")
+            continue
+        sweeps.append(data | {"root": str(root)})
+        for entry in data.get("runs", []):
+            try:
+                where = (root / entry["dir"]).resolve()
+                cell = (str(entry["setting"]), str(entry["method"]))
+                seed = int(entry["seed"])
+            except (KeyError, TypeError, ValueError):
+                continue
+            if any(where == g or where.is_relative_to(g) for g in given_resolved):
+                expected.setdefault(cell, set()).add(seed)
+
+    _drop_duplicate_seeds(runs, warnings)
+    settings = _order([s.get("settings", []) for s in sweeps], [r.setting for r in runs], [c[0] for c in expected])
+    methods = _order([s.get("methods", []) for s in sweeps], [r.method for r in runs], [c[1] for c in expected])
+    for run in runs:
+        if not run.finished:
+            warnings.append(f"{run.dir}: unfinished run ({run.problem}); not in the tables")
+    return Collection(runs, settings, methods, expected, sweeps, warnings)
+
+
+def _load_run(d: Path, warnings: list[str]) -> Run | None:
+    config, _ = _read_json(d / "config.json")
+    summary, s_problem = _read_json(d / "summary.json")
+    if summary is not None and not _valid_summary(summary):
+        warnings.append(f"{d / 'summary.json'}: lacks final/best personalized_acc; treated as unfinished")
+        s_problem, summary = "summary.json without final/best personalized_acc", None
+    if not isinstance(config, dict) or "algorithm" not in config:
+        if summary is None:
+            if (d / "summary.json").exists() or (d / "config.json").exists():
+                warnings.append(f"{d}: neither a readable config.json nor summary.json; skipped")
+            return None
+        config = {k: summary[k] for k in ("algorithm", "dataset", "seed") if k in summary} or None
+    seed = config.get("seed") if config else None
+    problem = ""
+    if summary is None:
+        failed = d / "FAILED"
+        problem = failed.read_text().strip().splitlines()[0] if failed.is_file() and failed.read_text().strip() else s_problem
+    m = _SEED_DIR.fullmatch(d.name)
+    absolute = d.resolve()
+    if m and (seed is None or seed == int(m.group(1))) and len(absolute.parents) >= 3:
+        layout_root = d.parent.parent.parent if len(d.parts) >= 3 else absolute.parents[2]
+        return Run(d, absolute.parents[1].name, absolute.parent.name, int(m.group(1)), config, summary, layout_root, problem)
+    if config is None or "partition" not in config:
+        warnings.append(f"{d}: no config.json with a partition; grouped under setting '?'")
+    return Run(d, setting_label(config or {}), method_label(config or {}), seed, config, summary, None, problem)
+
+
+def _drop_duplicate_seeds(runs: list[Run], warnings: list[str]) -> None:
+    seen: dict[tuple[str, str, int], Run] = {}
+    keep: list[Run] = []
+    for run in runs:
+        if run.finished and run.seed is not None:
+            key = (run.setting, run.method, run.seed)
+            if key in seen:
+                warnings.append(
+                    f"{run.dir}: same setting/method/seed as {seen[key].dir} ({'/'.join(map(str, key))}); ignored"
+                )
+                continue
+            seen[key] = run
+        keep.append(run)
+    runs[:] = keep
+
+
+def _order(planned: list[list[str]], found: list[str], expected: list[str]) -> list[str]:
+    present = set(found) | set(expected)
+    out: list[str] = []
+    for names in planned:
+        out += [n for n in names if n in present and n not in out]
+    out += [n for n in found if n not in out]
+    out += [n for n in expected if n not in out]
+    return out

@@ -1,0 +1,60 @@
+"""A description of the machine, for sweep.json and report headers."""
+
+from __future__ import annotations
+
+import os
+import platform
+from pathlib import Path
+from typing import Any
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def _memory_gb() -> float | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return round(int(line.split()[1]) / 1024**2, 1)  # kB -> GiB
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def machine_info() -> dict[str, Any]:
+    """Platform, CPU model, core count, memory (GiB), Python and torch versions."""
+    try:
+        import torch
+
+        torch_version = torch.__version__
+    except ImportError:  # pragma: no cover - torch is a dependency
+        torch_version = None
+    return {
+        "platform": platform.platform(),
+        "cpu": _cpu_model(),
+        "cores": os.cpu_count(),
+        "memory_gb": _memory_gb(),
+        "python": platform.python_version(),
+        "torch": torch_version,
+    }
+
+
+def describe(info: dict[str, Any]) -> str:
+    mem = info.get("memory_gb")
+    return ", ".join(
+        [
+            str(info.get("platform", "?")),
+            f"CPU {info.get('cpu', '?')}",
+            f"{info.get('cores', '?')} cores",
+            f"{mem:g} GiB RAM" if isinstance(mem, (int, float)) else "memory unknown",
+            f"Python {info.get('python', '?')}",
+            f"torch {info.get('torch', '?')}",
+        ]
+    )

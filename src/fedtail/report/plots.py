@@ -1,0 +1,176 @@
+"""PNG figures of ``fedtail report``.
+
+* :func:`plot_accuracy_curves`: personalised accuracy vs round, one subplot per setting, one
+  line per method (mean over seeds) with a shaded min–max band over seeds.
+* :func:`plot_acmu`: MuPFL's ACMU clustering as logged per round in ``metrics.jsonl``
+  (``rounds_log[i]["acmu"]``: a list of per-edge records ``{"edge", "kappa", "silhouette",
+  "clients", "clusters", "pca": [[x, y], ...]}``): a PCA scatter of the client updates
+  coloured by cluster, rows = edges, columns = a few rounds.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")  # headless: the CLI writes files, never opens windows
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
+
+
+def _colors(n: int) -> list[Any]:
+    cmap = plt.get_cmap("tab10" if n <= 10 else "tab20")
+    return [cmap(i % cmap.N) for i in range(n)]
+
+
+def accuracy_series(rows_per_seed: Iterable[list[dict[str, Any]]]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Rounds and the mean, min and max over seeds of ``personalized_acc`` at each round."""
+    by_round: dict[int, list[float]] = {}
+    for rows in rows_per_seed:
+        for row in rows:
+            rnd, acc = row.get("round"), row.get("personalized_acc")
+            if isinstance(rnd, int) and isinstance(acc, (int, float)) and math.isfinite(acc):
+                by_round.setdefault(rnd, []).append(float(acc))
+    rounds = np.array(sorted(by_round), dtype=int)
+    values = [by_round[r] for r in rounds]
+    return (
+        rounds,
+        np.array([np.mean(v) for v in values]),
+        np.array([np.min(v) for v in values]),
+        np.array([np.max(v) for v in values]),
+    )
+
+
+def plot_accuracy_curves(
+    curves: dict[tuple[str, str], list[list[dict[str, Any]]]],
+    settings: Sequence[str],
+    methods: Sequence[str],
+    path: Path,
+) -> bool:
+    """``curves[(setting, method)]`` = metrics rows of each seed. Returns False if nothing to plot."""
+    settings = [s for s in settings if any(curves.get((s, m)) for m in methods)]
+    if not settings:
+        return False
+    ncols = min(len(settings), 3)
+    nrows = math.ceil(len(settings) / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4.6 * ncols, 3.4 * nrows + 0.6), squeeze=False, dpi=110)
+    colors = dict(zip(methods, _colors(len(methods))))
+    handles: dict[str, Any] = {}
+    for ax, setting in zip(axes.flat, settings):
+        for method in methods:
+            seeds = curves.get((setting, method)) or []
+            rounds, mean, low, high = accuracy_series(seeds)
+            if not len(rounds):
+                continue
+            (line,) = ax.plot(rounds, 100 * mean, color=colors[method], lw=1.6, marker="." if len(rounds) < 30 else None)
+            if len(seeds) > 1:
+                ax.fill_between(rounds, 100 * low, 100 * high, color=colors[method], alpha=0.18, lw=0)
+            handles.setdefault(method, line)
+        ax.set_title(setting, fontsize=10)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("round")
+        ax.set_ylabel("personalised accuracy (%)")
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(settings):]:
+        ax.set_visible(False)
+    fig.legend(
+        list(handles.values()), list(handles), loc="lower center", ncol=min(len(handles), 7), fontsize=9, frameon=False
+    )
+    fig.suptitle("Personalised accuracy per round (mean over seeds, band = min–max)", fontsize=11)
+    fig.tight_layout(rect=(0, 0.08 if nrows == 1 else 0.04, 1, 0.97))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return True
+
+
+# ---------------------------------------------------------------------------------------------
+# ACMU clustering (MuPFL)
+
+
+def acmu_records(rows: list[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
+    """Round -> valid per-edge ACMU records found in the ``rounds_log`` of metrics rows."""
+    out: dict[int, list[dict[str, Any]]] = {}
+    for row in rows:
+        for entry in row.get("rounds_log") or []:
+            if not isinstance(entry, dict) or not isinstance(entry.get("acmu"), list):
+                continue
+            rnd = entry.get("round")
+            if not isinstance(rnd, int):
+                continue
+            records = [r for r in entry["acmu"] if _valid_record(r)]
+            if records:
+                out[rnd] = records
+    return out
+
+
+def _valid_record(rec: Any) -> bool:
+    if not isinstance(rec, dict):
+        return False
+    pca, clusters = rec.get("pca"), rec.get("clusters")
+    if not isinstance(pca, list) or not isinstance(clusters, list) or len(pca) != len(clusters) or not pca:
+        return False
+    return all(isinstance(p, (list, tuple)) and len(p) >= 2 for p in pca)
+
+
+def pick_rounds(rounds: Sequence[int], k: int) -> list[int]:
+    """Up to ``k`` rounds spread evenly from the first to the last."""
+    rounds = sorted(rounds)
+    if len(rounds) <= k:
+        return rounds
+    idx = sorted({int(round(i)) for i in np.linspace(0, len(rounds) - 1, k)})
+    return [rounds[i] for i in idx]
+
+
+def plot_acmu(rows: list[dict[str, Any]], path: Path, title: str = "", max_rounds: int = 4, max_edges: int = 3) -> bool:
+    """PCA scatter of client updates coloured by ACMU cluster; False if the log has no ACMU records."""
+    records = acmu_records(rows)
+    if not records:
+        return False
+    rounds = pick_rounds(list(records), max_rounds)
+    edges = sorted({int(r.get("edge", 0)) for rnd in rounds for r in records[rnd]})[:max_edges]
+    fig, axes = plt.subplots(
+        len(edges), len(rounds), figsize=(3.4 * len(rounds), 3.1 * len(edges) + 0.5), squeeze=False, dpi=110
+    )
+    for j, rnd in enumerate(rounds):
+        by_edge = {int(r.get("edge", 0)): r for r in records[rnd]}
+        for i, edge in enumerate(edges):
+            ax = axes[i][j]
+            rec = by_edge.get(edge)
+            if rec is None:
+                ax.set_axis_off()
+                ax.set_title(f"round {rnd}, edge {edge}: no record", fontsize=8)
+                continue
+            xy = np.array([[float(p[0]), float(p[1])] for p in rec["pca"]])
+            clusters = [int(c) if isinstance(c, (int, float)) else -1 for c in rec["clusters"]]
+            palette = _colors(max(max(clusters) + 1, 1))
+            for c in sorted(set(clusters)):
+                mask = np.array([k == c for k in clusters])
+                ax.scatter(
+                    xy[mask, 0], xy[mask, 1], s=28, color=palette[c] if c >= 0 else "grey",
+                    edgecolor="black", linewidth=0.4, label=f"cluster {c}",
+                )  # fmt: skip
+            clients = rec.get("clients")
+            if isinstance(clients, list) and len(clients) == len(xy) and len(xy) <= 30:
+                for (x, y), cid in zip(xy, clients):
+                    ax.annotate(str(cid), (x, y), fontsize=6, xytext=(2, 2), textcoords="offset points")
+            kappa, sil = rec.get("kappa"), rec.get("silhouette")
+            sub = f"κ={kappa}" if kappa is not None else ""
+            if isinstance(sil, (int, float)) and math.isfinite(sil):
+                sub += f", silhouette {sil:.2f}"
+            ax.set_title(f"round {rnd}, edge {edge}\n{sub}", fontsize=8)
+            ax.tick_params(labelsize=7)
+            ax.set_xlabel("PC 1", fontsize=7)
+            ax.set_ylabel("PC 2", fontsize=7)
+            ax.grid(alpha=0.3)
+    fig.suptitle(title or "ACMU: client updates (PCA), coloured by cluster", fontsize=10)
+    fig.tight_layout(rect=(0, 0, 1, 0.94))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return True

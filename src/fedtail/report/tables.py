@@ -1,0 +1,223 @@
+"""Numbers of ``fedtail report``: per-cell statistics, reference values, Markdown tables.
+
+Cells aggregate the finished runs (seeds) of one (setting, method): the mean and the sample
+standard deviation (n - 1 in the denominator; none for a single seed) of a summary value, in
+percent with two decimals: ``85.01 ± 0.32 (2 seeds)``. A cell without finished runs is "—".
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fedtail.errors import ConfigError
+from fedtail.report.collect import Collection, Run
+
+DASH = "—"
+METRICS = {
+    "final": "Final-round personalised accuracy (%)",
+    "best": "Best-round personalised accuracy (%)",
+}
+
+
+@dataclass
+class Cell:
+    values: list[float] = field(default_factory=list)  # fractions in [0, 1]
+    seeds: list[int | None] = field(default_factory=list)
+    rounds: list[int] = field(default_factory=list)
+
+    @property
+    def n(self) -> int:
+        return len(self.values)
+
+    @property
+    def mean(self) -> float | None:
+        return statistics.fmean(self.values) if self.values else None
+
+    @property
+    def std(self) -> float | None:
+        return statistics.stdev(self.values) if len(self.values) >= 2 else None
+
+
+def cell(runs: list[Run], which: str) -> Cell:
+    """``which`` is "final" or "best": that entry of each run's summary.json."""
+    out = Cell()
+    for run in runs:
+        entry = (run.summary or {}).get(which) or {}
+        value = entry.get("personalized_acc")
+        if isinstance(value, (int, float)) and math.isfinite(value):
+            out.values.append(float(value))
+            out.seeds.append(run.seed)
+            if isinstance(entry.get("round"), int):
+                out.rounds.append(entry["round"])
+    return out
+
+
+def format_cell(c: Cell, show_rounds: bool = False) -> str:
+    if not c.n:
+        return DASH
+    text = f"{100 * c.mean:.2f}"
+    if c.std is not None:
+        text += f" ± {100 * c.std:.2f}"
+    text += f" ({c.n} seed{'s' if c.n != 1 else ''})"
+    if show_rounds and c.rounds:
+        lo, hi = min(c.rounds), max(c.rounds)
+        text += f" @ r{lo}" if lo == hi else f" @ r{lo}–{hi}"
+    return text
+
+
+# ---------------------------------------------------------------------------------------------
+# Reference (paper) numbers
+
+
+@dataclass
+class Reference:
+    values: dict[str, dict[str, float]]  # setting -> method -> percent
+    source: str | None = None
+    metric: str = "both"  # which table(s) the numbers sit beside: final | best | both
+
+    def get(self, setting: str, method: str) -> float | None:
+        return self.values.get(setting, {}).get(method)
+
+    def applies(self, which: str) -> bool:
+        return self.metric in ("both", which)
+
+
+REFERENCE_KEYS = ("reference", "source", "metric")
+
+
+def load_reference(path: Path) -> Reference:
+    """REF.toml: ``[reference.SETTING] METHOD = percent``; optional ``source``, ``metric``."""
+    try:
+        with open(path, "rb") as fh:
+            raw = tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"--reference: no such file {path}") from None
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"--reference {path}: not valid TOML ({err})") from None
+    unknown = sorted(set(raw) - set(REFERENCE_KEYS))
+    if unknown:
+        raise ConfigError(f"--reference {path}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(REFERENCE_KEYS)}")
+    table = raw.get("reference")
+    if not isinstance(table, dict) or not table:
+        raise ConfigError(f"--reference {path}: expected [reference.SETTING] tables of METHOD = percent")
+    values: dict[str, dict[str, float]] = {}
+    for setting, methods in table.items():
+        if not isinstance(methods, dict):
+            raise ConfigError(f"--reference {path}: reference.{setting} must be a table of METHOD = percent")
+        for method, value in methods.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 100:
+                raise ConfigError(
+                    f"--reference {path}: reference.{setting}.{method} must be a percentage in [0, 100] (got {value!r})"
+                )
+            values.setdefault(str(setting), {})[str(method)] = float(value)
+    metric = raw.get("metric", "both")
+    if metric not in ("final", "best", "both"):
+        raise ConfigError(f"--reference {path}: metric must be final, best or both (got {metric!r})")
+    source = raw.get("source")
+    return Reference(values, str(source) if source is not None else None, metric)
+
+
+# ---------------------------------------------------------------------------------------------
+# Markdown
+
+
+def _escape(text: str) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def markdown_table(header: list[str], rows: list[list[str]], align: list[str] | None = None) -> str:
+    align = align or ["l"] + ["r"] * (len(header) - 1)
+    sep = ["---:" if a == "r" else ":---:" if a == "c" else "---" for a in align]
+    lines = ["| " + " | ".join(_escape(h) for h in header) + " |", "| " + " | ".join(sep) + " |"]
+    lines += ["| " + " | ".join(_escape(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def accuracy_table(col: Collection, which: str, reference: Reference | None = None) -> str:
+    """Rows = methods, columns = settings (+ a paper column per setting the reference covers)."""
+    use_ref = reference is not None and reference.applies(which)
+    header = ["method"]
+    for s in col.settings:
+        header.append(s)
+        if use_ref and s in reference.values:  # type: ignore[union-attr]
+            header.append(f"{s} (paper)")
+    rows = []
+    for m in col.methods:
+        row = [m]
+        for s in col.settings:
+            row.append(format_cell(cell(col.finished(s, m), which), show_rounds=which == "best"))
+            if use_ref and s in reference.values:  # type: ignore[union-attr]
+                ref = reference.get(s, m)  # type: ignore[union-attr]
+                row.append(DASH if ref is None else f"{ref:.2f}")
+        rows.append(row)
+    return markdown_table(header, rows)
+
+
+def unused_reference(col: Collection, reference: Reference) -> list[str]:
+    out = []
+    for s, methods in reference.values.items():
+        for m in methods:
+            if s not in col.settings or m not in col.methods:
+                out.append(f"{s} / {m}")
+    return out
+
+
+def _mean(values: list[float]) -> float | None:
+    return statistics.fmean(values) if values else None
+
+
+def costs_table(col: Collection) -> str:
+    """Wall minutes per run and MB (10^6 bytes) per round up / down / edge→server, mean over seeds."""
+    header = ["method", "setting", "runs", "wall min / run", "MB up / round", "MB down / round", "MB edge→server / round"]
+    rows = []
+    for m in col.methods:
+        for s in col.settings:
+            runs = col.finished(s, m)
+            if not runs:
+                continue
+            wall: list[float] = []
+            per_round: dict[str, list[float]] = {"up": [], "down": [], "edge_up": []}
+            for run in runs:
+                summary: dict[str, Any] = run.summary or {}
+                if isinstance(summary.get("wall_time_s"), (int, float)):
+                    wall.append(summary["wall_time_s"] / 60)
+                rounds = summary.get("rounds")
+                traffic = summary.get("bytes") or {}
+                for key in per_round:
+                    if isinstance(traffic.get(key), (int, float)) and isinstance(rounds, int) and rounds > 0:
+                        per_round[key].append(traffic[key] / rounds / 1e6)
+            fmt = lambda v, d=2: DASH if v is None else f"{v:.{d}f}"  # noqa: E731
+            rows.append(
+                [m, s, str(len(runs)), fmt(_mean(wall), 2)]
+                + [fmt(_mean(per_round[k]), 3) for k in ("up", "down", "edge_up")]
+            )
+    if not rows:
+        return "_No finished runs._"
+    return markdown_table(header, rows, ["l", "l", "r", "r", "r", "r", "r"])
+
+
+def incomplete_cells(col: Collection) -> list[str]:
+    """Cells with fewer finished seeds than planned (by sweep.json, else every seed seen)."""
+    # cells a sweep planned expect the planned seeds; any other cell every seed of such runs
+    seen = {r.seed for r in col.runs if r.seed is not None and (r.setting, r.method) not in col.expected}
+    lines = []
+    for m in col.methods:
+        for s in col.settings:
+            done = {r.seed for r in col.finished(s, m)}
+            expected = col.expected.get((s, m)) or seen
+            missing = sorted(x for x in expected if x not in done)
+            if not missing and done:
+                continue
+            unfinished = {r.seed: r for r in col.unfinished(s, m)}
+            why = []
+            for seed in missing:
+                run = unfinished.get(seed)
+                why.append(f"seed {seed}: " + (f"unfinished ({run.problem}) in {run.dir}" if run else "no run folder"))
+            n_expected = len(expected | done)
+            lines.append(f"`{s}` / `{m}`: {len(done)} of {n_expected} seeds finished" + ("; " + "; ".join(why) if why else ""))
+    return lines

@@ -1,0 +1,282 @@
+"""`fedtail report`: table numbers from fabricated summaries, references, missing runs, figures."""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from conftest import tiny_config
+from fedtail.cli.main import app
+from fedtail.report.collect import collect, setting_label
+from fedtail.report.plots import acmu_records, pick_rounds, plot_acmu
+
+runner = CliRunner()
+
+
+def invoke(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def make_run(folder: Path, *, seed: int, final: float, best: float, best_round: int, rounds: int = 4,
+             algorithm: str = "fedavg", rounds_log=None, bytes_up: int = 2_000_000, wall: float = 120.0,
+             alpha: float = 0.5, finished: bool = True) -> None:  # fmt: skip
+    """A run folder as `fedtail run` writes it, with chosen accuracies."""
+    folder.mkdir(parents=True, exist_ok=True)
+    config = tiny_config(seed=seed, algorithm=algorithm, rounds=rounds, partition={"alpha": alpha})
+    (folder / "config.json").write_text(json.dumps(config.model_dump(mode="json")))
+    rows = []
+    for rnd in range(1, rounds + 1):
+        acc = best if rnd == best_round else final if rnd == rounds else min(final, best) - 0.01 * (rounds - rnd)
+        row = {"round": rnd, "personalized_acc": acc, "rounds_log": (rounds_log or {}).get(rnd, [{"round": rnd}])}
+        rows.append(row)
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    if not finished:
+        (folder / "FAILED").write_text("RuntimeError: killed in a test\n")
+        return
+    summary = {
+        "algorithm": algorithm,
+        "dataset": "synthetic",
+        "seed": seed,
+        "final": {"round": rounds, "personalized_acc": final},
+        "best": {"round": best_round, "personalized_acc": best},
+        "rounds": rounds,
+        "wall_time_s": wall,
+        "bytes": {"up": bytes_up, "down": 2 * bytes_up, "edge_up": 0},
+    }
+    (folder / "summary.json").write_text(json.dumps(summary))
+
+
+# setting -> method -> seed -> (final, best, best_round)
+GRID = {
+    "s-b": {
+        "fedavg": {0: (0.801, 0.823, 2), 1: (0.774, 0.790, 3), 2: (0.7912, 0.80, 3)},
+        "local": {0: (0.60, 0.61, 1), 1: (0.58, 0.64, 2)},  # seed 2 missing
+    },
+    "s-a": {
+        "fedavg": {0: (0.70, 0.72, 3), 1: (0.69, 0.71, 2), 2: (0.66, 0.70, 1)},
+        # "local" absent entirely in s-a
+    },
+}
+
+
+@pytest.fixture
+def sweep_dir(tmp_path):
+    root = tmp_path / "runs"
+    for setting, methods in GRID.items():
+        for method, seeds in methods.items():
+            for seed, (final, best, rnd) in seeds.items():
+                make_run(root / setting / method / f"seed{seed}", seed=seed, final=final, best=best, best_round=rnd,
+                         algorithm=method)  # fmt: skip
+    # an unfinished run (killed): not in the tables, listed as incomplete
+    make_run(root / "s-b" / "local" / "seed2", seed=2, final=0.5, best=0.5, best_round=1, algorithm="local", finished=False)
+    plan = {
+        "file": "grid.toml",
+        "command": "fedtail sweep grid.toml --jobs 2",
+        # sweep order differs from alphabetical: rows and columns must follow it
+        "settings": ["s-b", "s-a"],
+        "methods": ["local", "fedavg"],
+        "seeds": [0, 1, 2],
+        "runs": [
+            {"setting": s, "method": m, "seed": k, "dir": f"{s}/{m}/seed{k}"}
+            for s in ("s-b", "s-a") for m in ("local", "fedavg") for k in (0, 1, 2)
+        ],  # fmt: skip
+    }
+    (root / "sweep.json").write_text(json.dumps(plan))
+    return root
+
+
+def table(text: str, heading: str) -> dict[str, dict[str, str]]:
+    """The Markdown table under ``heading`` as {row name: {column: cell}}."""
+    section = text.split(f"## {heading}", 1)[1].split("\n## ")[0]
+    lines = [l for l in section.splitlines() if l.startswith("|")]
+    cols = [c.strip() for c in lines[0].strip("|").split("|")]
+    out = {}
+    for line in lines[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        out[cells[0]] = dict(zip(cols[1:], cells[1:]))
+    assert len(lines) >= 3
+    return out
+
+
+def expected_cell(values: list[float]) -> str:
+    mean = f"{100 * statistics.fmean(values):.2f}"
+    if len(values) == 1:
+        return f"{mean} (1 seed)"
+    return f"{mean} ± {100 * statistics.stdev(values):.2f} ({len(values)} seeds)"
+
+
+def test_tables_are_mean_and_std_of_the_summaries(sweep_dir, tmp_path):
+    md = tmp_path / "out" / "REPORT.md"
+    res = invoke("report", sweep_dir, "--out", md, "--title", "Grid test")
+    assert res.exit_code == 0, res.output
+    text = md.read_text()
+    assert text.startswith("# Grid test")
+    final = table(text, "Final-round personalised accuracy (%)")
+    best = table(text, "Best-round personalised accuracy (%)")
+    assert list(final) == ["local", "fedavg"]  # rows in sweep order
+    assert list(final["fedavg"]) == ["s-b", "s-a"]  # columns in sweep order
+    for setting, methods in GRID.items():
+        for method, seeds in methods.items():
+            finals = [v[0] for v in seeds.values()]
+            bests = [v[1] for v in seeds.values()]
+            rounds = [v[2] for v in seeds.values()]
+            assert final[method][setting] == expected_cell(finals)
+            span = f"r{min(rounds)}" if min(rounds) == max(rounds) else f"r{min(rounds)}–{max(rounds)}"
+            assert best[method][setting] == f"{expected_cell(bests)} @ {span}"
+    # spot check by hand, so the helper itself cannot hide an error
+    assert final["fedavg"]["s-b"] == "78.87 ± 1.37 (3 seeds)"
+
+
+def test_missing_runs_show_a_dash_and_are_listed(sweep_dir, tmp_path):
+    md = tmp_path / "R.md"
+    res = invoke("report", sweep_dir, "--out", md)
+    assert res.exit_code == 0, res.output
+    assert "unfinished run" in res.output and "warning" in res.output
+    text = md.read_text()
+    assert table(text, "Final-round personalised accuracy (%)")["local"]["s-a"] == "—"
+    assert table(text, "Best-round personalised accuracy (%)")["local"]["s-a"] == "—"
+    incomplete = text.split("## Incomplete cells", 1)[1].split("\n## ")[0]
+    assert "`s-b` / `local`: 2 of 3 seeds finished" in incomplete and "killed in a test" in incomplete
+    assert "`s-a` / `local`: 0 of 3 seeds finished" in incomplete and "no run folder" in incomplete
+    assert "`s-b` / `fedavg`" not in incomplete
+
+
+def test_reference_numbers_appear_beside_ours(sweep_dir, tmp_path):
+    ref = tmp_path / "ref.toml"
+    ref.write_text(
+        'source = "MuPFL Table II"\n[reference.s-a]\nfedavg = 71.5\nlocal = 55\n'
+        "[reference.s-z]\nfedavg = 1.0\n"
+    )
+    md = tmp_path / "R.md"
+    res = invoke("report", sweep_dir, "--out", md, "--reference", ref)
+    assert res.exit_code == 0, res.output
+    text = md.read_text()
+    for heading in ("Final-round personalised accuracy (%)", "Best-round personalised accuracy (%)"):
+        t = table(text, heading)
+        assert t["fedavg"]["s-a (paper)"] == "71.50" and t["local"]["s-a (paper)"] == "55.00"
+        assert "s-b (paper)" not in t["fedavg"]  # no reference for s-b: no column
+    assert "MuPFL Table II" in text and "s-z / fedavg" in text  # unmatched reference entries are listed
+
+
+@pytest.mark.parametrize(
+    "content, needle",
+    [("[reference.x]\nfedavg = 180\n", "percentage"), ("[ref]\n", "unknown key"), ("x = [", "not valid TOML")],
+)
+def test_bad_reference_file(sweep_dir, tmp_path, content, needle):
+    ref = tmp_path / "ref.toml"
+    ref.write_text(content)
+    res = invoke("report", sweep_dir, "--out", tmp_path / "R.md", "--reference", ref)
+    assert res.exit_code == 2 and needle in res.output, res.output
+    assert not (tmp_path / "R.md").exists()
+
+
+def test_costs_table(sweep_dir, tmp_path):
+    md = tmp_path / "R.md"
+    assert invoke("report", sweep_dir, "--out", md).exit_code == 0
+    costs = md.read_text().split("## Costs", 1)[1].split("\n## ")[0]
+    # 2e6 bytes up over 4 rounds = 0.5 MB per round; down is twice that; 120 s = 2 minutes
+    assert "| fedavg | s-b | 3 | 2.00 | 0.500 | 1.000 | 0.000 |" in costs
+
+
+def test_header_names_commands_and_machine(sweep_dir, tmp_path):
+    md = tmp_path / "R.md"
+    assert invoke("report", sweep_dir, "--out", md, "--title", "T").exit_code == 0
+    text = md.read_text()
+    assert "`fedtail sweep grid.toml --jobs 2`" in text
+    assert f"`fedtail report {sweep_dir} --out {md} --title T`" in text
+    assert "cores" in text and "torch" in text and re.search(r"Date: \d{4}-\d\d-\d\d", text)
+    assert invoke("report", sweep_dir, "--out", md, "--command", "make table2").exit_code == 0
+    assert "Runs produced by: `make table2`" in md.read_text()
+
+
+def test_tables_are_reproducible(sweep_dir, tmp_path):
+    a, b = tmp_path / "a.md", tmp_path / "b.md"
+    assert invoke("report", sweep_dir, "--out", a).exit_code == 0
+    assert invoke("report", sweep_dir, "--out", b).exit_code == 0
+    body = lambda p: p.read_text().split("## Final", 1)[1].split("## Figures")[0]  # noqa: E731
+    assert body(a) == body(b)
+
+
+def test_accuracy_plot_is_written_and_referenced(sweep_dir, tmp_path):
+    md = tmp_path / "R.md"
+    assert invoke("report", sweep_dir, "--out", md).exit_code == 0
+    png = tmp_path / "R-accuracy.png"
+    assert png.stat().st_size > 5000
+    assert "](R-accuracy.png)" in md.read_text()
+
+
+def test_runs_outside_a_sweep_are_grouped_by_config(tmp_path):
+    make_run(tmp_path / "x" / "one", seed=0, final=0.5, best=0.6, best_round=2, alpha=0.3)
+    make_run(tmp_path / "x" / "two", seed=1, final=0.7, best=0.7, best_round=4, alpha=0.3)
+    make_run(tmp_path / "x" / "three", seed=0, final=0.4, best=0.4, best_round=4, alpha=1.0, algorithm="local")
+    col = collect([tmp_path / "x"])
+    label = setting_label(json.loads((tmp_path / "x" / "one" / "config.json").read_text()))
+    assert label == "synthetic-a0.3-if1"
+    assert {(r.setting, r.method, r.seed) for r in col.runs} == {
+        ("synthetic-a0.3-if1", "fedavg", 0), ("synthetic-a0.3-if1", "fedavg", 1), ("synthetic-a1-if1", "local", 0)
+    }  # fmt: skip
+    md = tmp_path / "R.md"
+    res = invoke("report", tmp_path / "x" / "one", tmp_path / "x", "--out", md)  # overlapping paths: no duplicates
+    assert res.exit_code == 0, res.output
+    final = table(md.read_text(), "Final-round personalised accuracy (%)")
+    assert final["fedavg"]["synthetic-a0.3-if1"] == expected_cell([0.5, 0.7])
+    assert final["local"]["synthetic-a0.3-if1"] == "—" and final["local"]["synthetic-a1-if1"] == "40.00 (1 seed)"
+
+
+def test_report_errors(tmp_path):
+    res = invoke("report", tmp_path / "nope", "--out", tmp_path / "R.md")
+    assert res.exit_code == 2 and "nope" in res.output
+    (tmp_path / "empty").mkdir()
+    res = invoke("report", tmp_path / "empty", "--out", tmp_path / "R.md")
+    assert res.exit_code == 2 and "no run folders" in res.output
+    res = invoke("report", tmp_path / "empty", "--out", tmp_path / "R.txt")
+    assert res.exit_code == 2 and ".md" in res.output
+
+
+# --- ACMU (MuPFL) clustering figure --------------------------------------------------------------
+
+
+def acmu_log(rounds=(1, 2, 3, 4, 5, 6), edges=2, per_edge=6):
+    log = {}
+    for rnd in rounds:
+        records = []
+        for e in range(edges):
+            clients = [e + edges * i for i in range(per_edge)]
+            clusters = [i % 2 for i in range(per_edge)]
+            pca = [[float(c) + 0.1 * i, float(i % 3) - rnd * 0.1] for i, c in enumerate(clusters)]
+            records.append({"edge": e, "kappa": 2, "silhouette": 0.4 + 0.01 * rnd, "clients": clients,
+                            "clusters": clusters, "pca": pca})  # fmt: skip
+        log[rnd] = [{"round": rnd, "clients": [], "acmu": records}]
+    return log
+
+
+def test_acmu_records_are_read_from_rounds_log_and_bad_ones_skipped():
+    log = acmu_log(rounds=(1, 2))
+    log[2][0]["acmu"].append({"edge": 9, "pca": [[0, 0]], "clusters": [0, 1]})  # lengths differ: skipped
+    rows = [{"round": 1, "rounds_log": log[1]}, {"round": 2, "rounds_log": log[2] + [{"round": 3}]}]
+    records = acmu_records(rows)
+    assert sorted(records) == [1, 2] and [r["edge"] for r in records[2]] == [0, 1]
+    assert acmu_records([{"round": 1, "rounds_log": [{"round": 1, "train_loss": 0.3}]}]) == {}
+    assert pick_rounds([1, 2, 3, 4, 5, 6, 7, 8, 9], 4) == [1, 4, 6, 9] and pick_rounds([3, 1], 4) == [1, 3]
+
+
+def test_acmu_scatter_from_a_fabricated_log(tmp_path):
+    root = tmp_path / "runs"
+    for seed in (0, 1):
+        make_run(root / "s" / "mupfl-like" / f"seed{seed}", seed=seed, final=0.8, best=0.82, best_round=5, rounds=6,
+                 rounds_log=acmu_log())  # fmt: skip
+    make_run(root / "s" / "fedavg" / "seed0", seed=0, final=0.7, best=0.7, best_round=6, rounds=6)
+    md = tmp_path / "R.md"
+    res = invoke("report", root, "--out", md)
+    assert res.exit_code == 0, res.output
+    png = tmp_path / "R-acmu-s-mupfl-like.png"
+    assert png.stat().st_size > 5000
+    assert "](R-acmu-s-mupfl-like.png)" in md.read_text()
+    assert not list(tmp_path.glob("R-acmu-s-fedavg*"))  # runs without ACMU records get no scatter
+    assert plot_acmu([{"round": 1, "rounds_log": [{"round": 1}]}], tmp_path / "none.png") is False
+    assert not (tmp_path / "none.png").exists()

@@ -1,0 +1,385 @@
+"""`fedtail sweep`: plan expansion, validation before running, resuming, stale folders, jobs."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from fedtail.algorithms.base import Algorithm, AlgorithmConfig
+from fedtail.algorithms.fedavg import FedAvgClient, FedAvgServer
+from fedtail.cli.main import app
+from fedtail.errors import ConfigError
+from fedtail.report.sweep import (
+    SweepLock,
+    busy_dirs,
+    config_diff,
+    load_sweep,
+    run_status,
+)
+
+runner = CliRunner()
+
+BASE = """
+[base]
+dataset = "synthetic"
+model = "mlp"
+fraction = 0.5
+rounds = 1
+[base.dataset_options]
+num_classes = 4
+dim = 8
+train_per_class = 30
+test_per_class = 10
+[base.partition]
+scheme = "dirichlet"
+num_clients = 4
+alpha = 0.5
+min_samples = 3
+[base.train]
+batch_size = 16
+lr = 0.05
+"""
+
+
+def sweep_file(tmp_path: Path, body: str, out: Path | None = None, seeds: str = "[0]", name: str = "s.toml") -> Path:
+    out = out or tmp_path / "runs"
+    path = tmp_path / name
+    path.write_text(f'out = "{out.as_posix()}"\nseeds = {seeds}\n' + BASE + body)
+    return path
+
+
+def invoke(*args: str):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+@pytest.fixture
+def toy_algorithm():
+    """An algorithm with an option, registered for the duration of one test."""
+
+    class ToyConfig(AlgorithmConfig):
+        kappa: int = 3
+
+    Algorithm("toyopt", "test-only FedAvg with an option", FedAvgServer, FedAvgClient, config=ToyConfig)
+    yield "toyopt"
+    Algorithm.registry.pop("toyopt", None)
+
+
+# --- plan --------------------------------------------------------------------------------------
+
+
+def test_plan_is_settings_then_methods_then_seeds_with_deep_merge(tmp_path):
+    path = sweep_file(
+        tmp_path,
+        """
+[settings.a03]
+partition = { alpha = 0.3 }
+[settings."a1-if5"]
+partition = { alpha = 1.0, imbalance = 5 }
+train = { lr = 0.02 }
+[methods.fedavg]
+[methods.local]
+[methods.fast]
+algorithm = "fedavg"
+train = { lr = 0.2 }
+""",
+        seeds="[0, 3]",
+    )
+    sweep = load_sweep(path)
+    labels = [r.label for r in sweep.runs]
+    assert labels == [
+        f"{s}/{m}/seed{k}" for s in ("a03", "a1-if5") for m in ("fedavg", "local", "fast") for k in (0, 3)
+    ]
+    assert sweep.selected == sweep.runs and sweep.settings == ["a03", "a1-if5"]
+    by = {r.label: r for r in sweep.runs}
+    c = by["a1-if5/local/seed3"].config
+    assert c.algorithm == "local" and c.seed == 3
+    # setting merged over base key by key: alpha/imbalance replaced, the rest of base kept
+    assert (c.partition.alpha, c.partition.imbalance, c.partition.num_clients, c.partition.min_samples) == (1.0, 5, 4, 3)
+    assert (c.train.lr, c.train.batch_size) == (0.02, 16)
+    assert by["a03/local/seed0"].config.train.lr == 0.05
+    # method overrides come last: they beat the setting's lr, and keep base's batch size
+    fast = by["a1-if5/fast/seed0"].config
+    assert fast.algorithm == "fedavg" and fast.train.lr == 0.2 and fast.train.batch_size == 16
+    assert by["a03/fast/seed3"].dir == tmp_path / "runs" / "a03" / "fast" / "seed3"
+
+
+def test_method_variants_set_algorithm_and_options(tmp_path, toy_algorithm):
+    path = sweep_file(
+        tmp_path,
+        """
+[methods.toyopt]
+[methods."toyopt-k2"]
+algorithm = "toyopt"
+options = { kappa = 2 }
+""",
+    )
+    runs = {r.method: r.config for r in load_sweep(path).runs}
+    assert runs["toyopt"].algorithm == "toyopt" and runs["toyopt"].options == {}
+    assert runs["toyopt-k2"].algorithm == "toyopt" and runs["toyopt-k2"].options == {"kappa": 2}
+    assert runs["toyopt-k2"].algorithm_options().kappa == 2 and runs["toyopt"].algorithm_options().kappa == 3
+
+
+def test_tables_accept_flag_names_like_run_config(tmp_path):
+    path = sweep_file(tmp_path, "[settings.x]\nalpha = 0.7\nclients = 5\nlocal-epochs = 2\n[methods.fedavg]\n")
+    c = load_sweep(path).runs[0].config
+    assert (c.partition.alpha, c.partition.num_clients, c.train.local_epochs) == (0.7, 5, 2)
+
+
+def test_settings_and_methods_filters(tmp_path):
+    path = sweep_file(tmp_path, "[settings.a]\n[settings.b]\n[methods.fedavg]\n[methods.local]\n", seeds="[0, 1]")
+    sweep = load_sweep(path, settings=["b"], methods=["local", "fedavg"])
+    assert [r.label for r in sweep.selected] == ["b/fedavg/seed0", "b/fedavg/seed1", "b/local/seed0", "b/local/seed1"]
+    assert len(sweep.runs) == 8
+    with pytest.raises(ConfigError, match="--methods fedprocs"):
+        load_sweep(path, methods=["fedprocs"])
+
+
+@pytest.mark.parametrize(
+    "body, needles",
+    [
+        ('[settings.ok]\n[settings.bad]\npartition = { alpah = 1.0 }\n[methods.fedavg]\n', ["'bad'", "alpah"]),
+        ("[methods.fedavg]\n[methods.typo]\nalgorithm = \"fedavgg\"\n", ["'typo'", "fedavgg"]),
+        ("[methods.fedavg]\noptions = { mu = 0.1 }\n", ["'fedavg'", "mu"]),
+        ("[methods.fedavg]\ntrain = { lr = -1 }\n", ["--lr"]),
+        ("[methods.fedavg]\n[base2]\nx = 1\n", ["base2", "allowed"]),
+        ("[methods.fedavg]\n[settings.s]\nseed = 4\n", ["seed"]),
+        ('[methods."a/b"]\n', ["a/b", "folder"]),
+        ("", ["[methods.NAME]"]),
+    ],
+)
+def test_a_typo_fails_before_anything_runs(tmp_path, body, needles):
+    path = sweep_file(tmp_path, body)
+    res = invoke("sweep", path)
+    assert res.exit_code == 2, res.output
+    assert res.output.lstrip().startswith("error:") and "Traceback" not in res.output
+    for needle in needles:
+        assert needle in res.output, res.output
+    assert not (tmp_path / "runs").exists()  # nothing was planned to disk, nothing ran
+
+
+def test_bad_seeds_and_missing_file(tmp_path):
+    path = sweep_file(tmp_path, "[methods.fedavg]\n", seeds="[0, 0]")
+    res = invoke("sweep", path)
+    assert res.exit_code == 2 and "duplicates" in res.output
+    res = invoke("sweep", tmp_path / "nope.toml")
+    assert res.exit_code == 2 and "nope.toml" in res.output
+
+
+def test_the_benchmark_file_plans_its_grid():
+    path = Path(__file__).parent.parent / "benchmarks" / "mupfl" / "table2_fmnist.toml"
+    if not path.is_file():
+        pytest.skip("benchmark file not present")
+    sweep = load_sweep(path, out="/nonexistent/out")
+    assert len(sweep.runs) == len(sweep.settings) * len(sweep.methods) * len(sweep.seeds)
+    c = sweep.runs[0].config
+    assert c.partition.num_clients == 50 and c.train.local_epochs == 10
+
+
+# --- status of folders on disk (fabricated: no run needed) ------------------------------------
+
+
+def fake_finished(run, **config_changes) -> None:
+    run.dir.mkdir(parents=True, exist_ok=True)
+    config = run.config_dict()
+    for key, value in config_changes.items():
+        section, _, leaf = key.partition(".")
+        if leaf:
+            config[section][leaf] = value
+        else:
+            config[key] = value
+    (run.dir / "config.json").write_text(json.dumps(config))
+    summary = {"final": {"round": 1, "personalized_acc": 0.5}, "best": {"round": 1, "personalized_acc": 0.5}}
+    (run.dir / "summary.json").write_text(json.dumps(summary))
+
+
+def test_config_diff_names_keys_and_ignores_workers():
+    old = {"workers": 1, "train": {"lr": 0.1, "batch_size": 16}, "seed": 0}
+    new = {"workers": 4, "train": {"lr": 0.2, "batch_size": 16}, "seed": 0, "extra": 1}
+    assert config_diff(old, new) == ["train.lr: 0.1 -> 0.2", "extra: (absent) -> 1"]
+    assert config_diff(old, old | {"workers": 8}) == []
+
+
+def test_status_done_pending_stale_and_dry_run(tmp_path):
+    path = sweep_file(tmp_path, "[methods.fedavg]\n[methods.local]\n", seeds="[0, 1]")
+    sweep = load_sweep(path)
+    done, stale, partial, fresh = sweep.runs
+    fake_finished(done, workers=3)  # workers does not change results: still done
+    fake_finished(stale, **{"train.lr": 0.5})
+    partial.dir.mkdir(parents=True)
+    (partial.dir / "config.json").write_text(json.dumps(partial.config_dict()))
+    (partial.dir / "FAILED").write_text("RuntimeError: boom\n")
+    states = [run_status(r) for r in sweep.runs]
+    assert [s.state for s in states] == ["done", "stale", "pending", "pending"]
+    assert "train.lr: 0.5 -> 0.05" in states[1].note and "boom" in states[2].note
+
+    before = {p: p.stat().st_mtime_ns for p in (tmp_path / "runs").rglob("*") if p.is_file()}
+    res = invoke("sweep", path, "--dry-run")
+    assert res.exit_code == 0, res.output
+    lines = res.output.splitlines()
+    for label, state in (("fedavg", "done"), ("local", "pending")):
+        assert any(label in l and state in l for l in lines), res.output
+    assert "1 done, 2 pending, 1 stale" in res.output
+    after = {p: p.stat().st_mtime_ns for p in (tmp_path / "runs").rglob("*") if p.is_file()}
+    assert after == before  # nothing written, nothing cleared, no sweep.json
+
+
+def test_stale_folder_is_an_error_and_is_not_overwritten(tmp_path):
+    path = sweep_file(tmp_path, "[methods.fedavg]\n")
+    (run,) = load_sweep(path).runs
+    fake_finished(run, **{"partition.alpha": 0.9})
+    summary_before = (run.dir / "summary.json").read_text()
+    res = invoke("sweep", path)
+    assert res.exit_code == 2, res.output
+    assert str(run.dir) in res.output and "partition.alpha" in res.output and "--force" in res.output
+    assert (run.dir / "summary.json").read_text() == summary_before
+    assert not (tmp_path / "runs" / "sweep.lock").exists()
+
+
+def test_lock_of_a_live_sweep_refuses_and_a_dead_one_is_taken_over(tmp_path):
+    path = sweep_file(tmp_path, "[methods.fedavg]\n")
+    (run,) = load_sweep(path).runs
+    fake_finished(run)  # all done: a sweep that gets the lock runs nothing
+    lock = tmp_path / "runs" / "sweep.lock"
+    lock.write_text(json.dumps({"pid": os.getpid(), "host": os.uname().nodename}))
+    res = invoke("sweep", path)
+    assert res.exit_code == 2 and "another fedtail sweep" in res.output, res.output
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    lock.write_text(json.dumps({"pid": dead.pid, "host": os.uname().nodename}))
+    res = invoke("sweep", path)
+    assert res.exit_code == 0, res.output
+    assert not lock.exists()
+    with SweepLock(tmp_path / "runs"):
+        with pytest.raises(ConfigError, match="another fedtail sweep"):
+            SweepLock(tmp_path / "runs").__enter__()
+
+
+@pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="needs /proc")
+def test_unfinished_folder_used_by_a_live_process_is_left_alone(tmp_path):
+    path = sweep_file(tmp_path, "[methods.fedavg]\n")
+    (run,) = load_sweep(path).runs
+    run.dir.mkdir(parents=True)
+    (run.dir / "metrics.jsonl").write_text("{}\n")
+    assert run_status(run, busy_dirs()).state == "pending"
+    code = "import time; print('ready', flush=True); time.sleep(60)"
+    proc = subprocess.Popen([sys.executable, "-c", code, "--out", str(run.dir)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"  # exec'd: its command line is in /proc
+        status = run_status(run, busy_dirs())
+    finally:
+        proc.kill()
+        proc.wait()
+    assert status.state == "busy"
+
+
+# --- real runs (each a subprocess of ~2 s) -----------------------------------------------------
+
+TWO_RUNS = "[settings.a05]\n[methods.fedavg]\n[methods.local]\n"
+
+
+def strip(obj):
+    """Drop wall-clock fields so two runs can be compared exactly."""
+    timing = {"elapsed_s", "wall_time_s", "samples_per_s", "time_s"}
+    if isinstance(obj, dict):
+        return {k: strip(v) for k, v in obj.items() if k not in timing}
+    if isinstance(obj, list):
+        return [strip(v) for v in obj]
+    return obj
+
+
+def results(out: Path) -> dict[str, tuple]:
+    found = {}
+    for summary in sorted(out.rglob("summary.json")):
+        rows = [json.loads(l) for l in (summary.parent / "metrics.jsonl").read_text().splitlines()]
+        found[summary.parent.relative_to(out).as_posix()] = (strip(json.loads(summary.read_text())), strip(rows))
+    return found
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory):
+    """A finished 2-run sweep (1 round each) with jobs = 1."""
+    tmp = tmp_path_factory.mktemp("swept")
+    path = sweep_file(tmp, TWO_RUNS)
+    res = invoke("sweep", path, "--jobs", "1")
+    assert res.exit_code == 0, res.output
+    return path, tmp / "runs", res.output
+
+
+def test_sweep_runs_everything_and_writes_sweep_json(swept):
+    path, out, output = swept
+    assert set(results(out)) == {"a05/fedavg/seed0", "a05/local/seed0"}
+    plan = json.loads((out / "sweep.json").read_text())
+    assert plan["file"] == str(path) and plan["settings"] == ["a05"] and plan["methods"] == ["fedavg", "local"]
+    assert [(r["dir"], r["status"]) for r in plan["runs"]] == [("a05/fedavg/seed0", "done"), ("a05/local/seed0", "done")]
+    assert all(0 <= r["final_personalized_acc"] <= 1 and r["minutes"] > 0 for r in plan["runs"])
+    assert "machine" in plan and plan["command"].startswith("fedtail sweep")
+    assert output.count("done ") >= 2 and "final" in output and "min" in output
+    assert not (out / "sweep.lock").exists()
+    for run in load_sweep(path).runs:  # the written config equals the planned one
+        assert run_status(run).state == "done"
+
+
+def test_resume_reruns_only_the_unfinished_run(swept, tmp_path):
+    path, out, _ = swept
+    copy = tmp_path / "runs"
+    shutil.copytree(out, copy)
+    reference = results(copy)
+    kept, redo = copy / "a05/fedavg/seed0/summary.json", copy / "a05/local/seed0/summary.json"
+    redo.unlink()
+    kept_stamp = kept.stat().st_mtime_ns
+    time.sleep(0.01)
+    res = invoke("sweep", path, "--out", copy)
+    assert res.exit_code == 0, res.output
+    assert "1 done, 1 to run" in res.output and "1 runs finished" in res.output
+    assert kept.stat().st_mtime_ns == kept_stamp  # the finished run was not touched
+    assert redo.is_file()
+    assert results(copy) == reference  # and the rerun reproduces the original exactly
+
+    # a changed config makes the finished runs stale: an error, nothing overwritten
+    changed = path.with_name("changed.toml")
+    changed.write_text(path.read_text().replace("lr = 0.05", "lr = 0.07"))
+    stamps = {p: p.stat().st_mtime_ns for p in copy.rglob("*") if p.is_file()}
+    res = invoke("sweep", changed, "--out", copy)
+    assert res.exit_code == 2 and "train.lr: 0.05 -> 0.07" in res.output, res.output
+    assert str(copy / "a05" / "fedavg" / "seed0") in res.output
+    assert {p: p.stat().st_mtime_ns for p in copy.rglob("*") if p.is_file()} == stamps
+    res = invoke("sweep", changed, "--out", copy, "--dry-run")
+    assert res.exit_code == 0 and "0 done, 0 pending, 2 stale" in res.output, res.output
+
+
+def test_two_jobs_give_the_same_results_as_one(swept, tmp_path):
+    path, out, _ = swept
+    res = invoke("sweep", path, "--out", tmp_path / "par", "--jobs", "2")
+    assert res.exit_code == 0, res.output
+    assert json.loads((tmp_path / "par" / "sweep.json").read_text())["jobs"] == 2
+    assert results(tmp_path / "par") == results(out)
+
+
+def test_report_of_a_real_sweep(swept, tmp_path):
+    path, out, _ = swept
+    md = tmp_path / "R.md"
+    res = invoke("report", out, "--out", md)
+    assert res.exit_code == 0, res.output
+    text = md.read_text()
+    assert f"fedtail sweep {path}" in text and "| fedavg |" in text and "| local |" in text
+    assert "(1 seed)" in text and (tmp_path / "R-accuracy.png").stat().st_size > 1000
+
+
+def test_a_failing_run_is_reported_and_the_sweep_exits_nonzero(tmp_path):
+    # validates as a config, fails when the data is cut: more clients than samples
+    path = sweep_file(tmp_path, "[methods.broken]\nalgorithm = \"fedavg\"\npartition = { scheme = \"iid\", num_clients = 500 }\n")
+    res = invoke("sweep", path)
+    assert res.exit_code == 1, res.output
+    folder = tmp_path / "runs" / "default" / "broken" / "seed0"
+    assert f"failed: {folder}" in res.output and "no training" in res.output
+    plan = json.loads((tmp_path / "runs" / "sweep.json").read_text())
+    assert plan["runs"][0]["status"] == "failed" and "no training" in plan["runs"][0]["error"]
+    assert not (folder / "summary.json").exists()
