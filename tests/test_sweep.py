@@ -17,7 +17,7 @@ from fedtail.algorithms.base import Algorithm, AlgorithmConfig
 from fedtail.algorithms.fedavg import FedAvgClient, FedAvgServer
 from fedtail.cli.main import app
 from fedtail.errors import ConfigError
-from fedtail.report.sweep import (
+from fedtail.sweep import (
     SweepLock,
     busy_dirs,
     config_diff,

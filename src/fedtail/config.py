@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from fedtail.errors import ConfigError
+from fedtail.errors import ConfigError, FedtailError
 from fedtail.partition import PartitionConfig
 
 
@@ -187,14 +187,85 @@ def apply_set(raw: dict[str, Any], assignment: str) -> None:
     target[parts[-1]] = parse_value(value)
 
 
-def load_toml(path: Path) -> dict[str, Any]:
+def load_toml(path: Path, what: str = "--config") -> dict[str, Any]:
+    """Read a TOML file; a missing or malformed file is a ConfigError that starts with ``what``."""
     try:
         with open(path, "rb") as fh:
             return tomllib.load(fh)
     except FileNotFoundError:
-        raise ConfigError(f"--config: no such file {path}") from None
+        raise ConfigError(f"{what}: no such file {path}") from None
     except tomllib.TOMLDecodeError as err:
-        raise ConfigError(f"--config {path}: not valid TOML ({err})") from None
+        raise ConfigError(f"{what} {path}: not valid TOML ({err})") from None
+
+
+# Flag name -> location in the raw config dict. Flags left unset do not override the file.
+FLAG_KEYS: dict[str, tuple[str, ...]] = {
+    "algorithm": ("algorithm",),
+    "dataset": ("dataset",),
+    "data_dir": ("data_dir",),
+    "model": ("model",),
+    "partition": ("partition", "scheme"),
+    "imbalance": ("partition", "imbalance"),
+    "alpha": ("partition", "alpha"),
+    "clients": ("partition", "num_clients"),
+    "min_samples": ("partition", "min_samples"),
+    "balanced": ("partition", "balanced"),
+    "classes_per_client": ("partition", "classes_per_client"),
+    "iid_fraction": ("partition", "iid_fraction"),
+    "samples_per_client": ("partition", "samples_per_client"),
+    "quantity": ("partition", "quantity"),
+    "classes_per_stage": ("partition", "classes_per_stage"),
+    "stages": ("partition", "stages"),
+    "test_fraction": ("partition", "test_fraction"),
+    "local_test": ("partition", "local_test"),
+    "val_fraction": ("partition", "val_fraction"),
+    "fraction": ("fraction",),
+    "rounds": ("rounds",),
+    "local_epochs": ("train", "local_epochs"),
+    "batch_size": ("train", "batch_size"),
+    "lr": ("train", "lr"),
+    "momentum": ("train", "momentum"),
+    "weight_decay": ("train", "weight_decay"),
+    "lr_decay": ("train", "lr_decay"),
+    "seed": ("seed",),
+    "workers": ("workers",),
+    "threads": ("threads",),
+    "eval_every": ("eval_every",),
+    "eval_split": ("eval_split",),
+}
+
+
+def _parse_quantity(text: str) -> list[int]:
+    try:
+        low, high = (int(p) for p in text.split(":"))
+    except ValueError:
+        raise FedtailError(f"--quantity expects MIN:MAX such as 50:350 (got {text!r})") from None
+    if not 1 <= low <= high:
+        raise FedtailError(f"--quantity needs 1 <= MIN <= MAX (got {text!r})")
+    return [low, high]
+
+
+def flags_to_nested(flat: dict[str, Any]) -> dict[str, Any]:
+    """Map flag-named keys (``alpha``, ``local-epochs``, ``partition = "iid"``) to config paths.
+
+    Config files may use either the nested config keys (``[partition] alpha = 0.5``) or the
+    command-line flag names at top level; both end up in the same place.
+    """
+    override: dict[str, Any] = {}
+    rest: dict[str, Any] = {}
+    for key, value in flat.items():
+        name = key.replace("-", "_")
+        if name not in FLAG_KEYS or isinstance(value, dict):
+            rest[key] = value
+            continue
+        if name == "quantity" and isinstance(value, str):
+            value = _parse_quantity(value)
+        target = override
+        *parents, leaf = FLAG_KEYS[name]
+        for part in parents:
+            target = target.setdefault(part, {})
+        target[leaf] = value
+    return merge(rest, override)
 
 
 def merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+from fedtail.config import FLAG_KEYS, flags_to_nested
 from fedtail.errors import FedtailError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Personalized federated learning on long-tailed data.")
@@ -30,83 +31,11 @@ def fail(message: str) -> None:
     raise typer.Exit(2)
 
 
-# Flag name -> location in the raw config dict. Flags left unset do not override the file.
-FLAG_KEYS: dict[str, tuple[str, ...]] = {
-    "algorithm": ("algorithm",),
-    "dataset": ("dataset",),
-    "data_dir": ("data_dir",),
-    "model": ("model",),
-    "partition": ("partition", "scheme"),
-    "imbalance": ("partition", "imbalance"),
-    "alpha": ("partition", "alpha"),
-    "clients": ("partition", "num_clients"),
-    "min_samples": ("partition", "min_samples"),
-    "balanced": ("partition", "balanced"),
-    "classes_per_client": ("partition", "classes_per_client"),
-    "iid_fraction": ("partition", "iid_fraction"),
-    "samples_per_client": ("partition", "samples_per_client"),
-    "quantity": ("partition", "quantity"),
-    "classes_per_stage": ("partition", "classes_per_stage"),
-    "stages": ("partition", "stages"),
-    "test_fraction": ("partition", "test_fraction"),
-    "local_test": ("partition", "local_test"),
-    "val_fraction": ("partition", "val_fraction"),
-    "fraction": ("fraction",),
-    "rounds": ("rounds",),
-    "local_epochs": ("train", "local_epochs"),
-    "batch_size": ("train", "batch_size"),
-    "lr": ("train", "lr"),
-    "momentum": ("train", "momentum"),
-    "weight_decay": ("train", "weight_decay"),
-    "lr_decay": ("train", "lr_decay"),
-    "seed": ("seed",),
-    "workers": ("workers",),
-    "threads": ("threads",),
-    "eval_every": ("eval_every",),
-    "eval_split": ("eval_split",),
-}
-
-
-def _parse_quantity(text: str) -> list[int]:
-    try:
-        low, high = (int(p) for p in text.split(":"))
-    except ValueError:
-        raise FedtailError(f"--quantity expects MIN:MAX such as 50:350 (got {text!r})") from None
-    if not 1 <= low <= high:
-        raise FedtailError(f"--quantity needs 1 <= MIN <= MAX (got {text!r})")
-    return [low, high]
-
-
 def raw_from_flags(flags: dict[str, Any], config_file: Optional[Path]) -> dict[str, Any]:
     from fedtail.config import load_toml, merge
 
     raw: dict[str, Any] = flags_to_nested(load_toml(config_file)) if config_file else {}
     return merge(raw, flags_to_nested({k: v for k, v in flags.items() if v is not None}))
-
-
-def flags_to_nested(flat: dict[str, Any]) -> dict[str, Any]:
-    """Map flag-named keys (``alpha``, ``local-epochs``, ``partition = "iid"``) to config paths.
-
-    Config files may use either the nested config keys (``[partition] alpha = 0.5``) or the
-    command-line flag names at top level; both end up in the same place.
-    """
-    from fedtail.config import merge
-
-    override: dict[str, Any] = {}
-    rest: dict[str, Any] = {}
-    for key, value in flat.items():
-        name = key.replace("-", "_")
-        if name not in FLAG_KEYS or isinstance(value, dict):
-            rest[key] = value
-            continue
-        if name == "quantity" and isinstance(value, str):
-            value = _parse_quantity(value)
-        target = override
-        *parents, leaf = FLAG_KEYS[name]
-        for part in parents:
-            target = target.setdefault(part, {})
-        target[leaf] = value
-    return merge(rest, override)
 
 
 def _progress() -> Progress:
@@ -129,35 +58,28 @@ def _force_progress() -> bool:
     return os.environ.get("FEDTAIL_PROGRESS") == "1"
 
 
-def execute_run(config, out: Path, quiet: bool = False) -> dict[str, Any]:
-    """Prepare, run and record one experiment into ``out``; returns the summary."""
-    from fedtail.engine import prepare
-    from fedtail.engine.simulation import Simulation
-    from fedtail.report import RunWriter
+def execute_run(config, out: Path) -> dict[str, Any]:
+    """:func:`fedtail.runner.run_to_folder` with a progress bar of the rounds on stderr."""
+    from fedtail.runner import run_to_folder
 
-    dataset, partition = prepare(config)  # raises before anything is written
-    writer = RunWriter(out)
-    sim = Simulation(config, dataset, partition, on_eval=writer.append_metrics)
-    writer.start(config.model_dump(mode="json"), {"partition.json": partition.summary()})
-    with _progress() as progress:
-        task = progress.add_task("run", total=config.rounds, acc="")
+    progress = _progress()
+    task = None
 
-        def on_round(rnd: int, row: dict[str, Any] | None) -> None:
-            fields = {}
-            if row is not None:
-                g = row.get("global_acc")
-                fields["acc"] = f"pers {row['personalized_acc']:.4f}" + (f" glob {g:.4f}" if g is not None else "")
-            progress.update(task, completed=rnd, **fields)
+    def on_round(rnd: int, row: dict[str, Any] | None) -> None:
+        nonlocal task
+        if task is None:  # round 0: the data is prepared and config.json written; the clock starts
+            progress.start()
+            task = progress.add_task("run", total=config.rounds, acc="")
+        fields = {}
+        if row is not None:
+            g = row.get("global_acc")
+            fields["acc"] = f"pers {row['personalized_acc']:.4f}" + (f" glob {g:.4f}" if g is not None else "")
+        progress.update(task, completed=rnd, **fields)
 
-        sim.on_round = on_round
-        try:
-            summary = sim.run()
-        except BaseException as err:
-            writer.fail(err)
-            raise
-    summary = {"algorithm": config.algorithm, "dataset": config.dataset, "seed": config.seed} | summary
-    writer.finish(summary)
-    return summary
+    try:
+        return run_to_folder(config, out, on_round)
+    finally:
+        progress.stop()
 
 
 @app.command()
@@ -288,9 +210,9 @@ def sweep(
 ) -> None:
     """Run settings × methods × seeds from a TOML file, in parallel, skipping finished runs.
 
-    File format and resume rules: docs/sweeps.md (and fedtail/report/sweep.py).
+    File format and resume rules: docs/sweeps.md (and the fedtail.sweep package).
     """
-    from fedtail.report.sweep import sweep_command
+    from fedtail.cli.sweep_cmd import sweep_command
 
     try:
         code = sweep_command(

@@ -30,12 +30,14 @@ class Run:
     config: dict[str, Any] | None
     summary: dict[str, Any] | None  # None: unfinished (or unreadable)
     sweep_root: Path | None = None
-    problem: str = ""  # why an unfinished run is unfinished
+    problem: str = ""  # why an unfinished run is unfinished, or why a stale one is left out
+    # finished, but with another config than the sweep file plans for its folder: not in the tables
+    stale: bool = False
     _metrics: list[dict[str, Any]] | None = field(default=None, repr=False)
 
     @property
     def finished(self) -> bool:
-        return self.summary is not None
+        return self.summary is not None and not self.stale
 
     def metrics(self) -> list[dict[str, Any]]:
         """Rows of ``metrics.jsonl`` (unreadable lines are skipped)."""
@@ -137,7 +139,7 @@ def collect(paths: list[Path]) -> Collection:
             if key in seen:
                 continue
             seen.add(key)
-            run = _load_run(d, warnings)
+            run = load_run(d, warnings)
             if run is None:
                 continue
             if run.sweep_root is not None:
@@ -180,7 +182,8 @@ def collect(paths: list[Path]) -> Collection:
     return Collection(runs, settings, methods, expected, sweeps, warnings)
 
 
-def _load_run(d: Path, warnings: list[str]) -> Run | None:
+def load_run(d: Path, warnings: list[str]) -> Run | None:
+    """The run in folder ``d`` (finished or not), None if it holds neither file readably."""
     config, _ = _read_json(d / "config.json")
     summary, s_problem = _read_json(d / "summary.json")
     if summary is not None and not _valid_summary(summary):

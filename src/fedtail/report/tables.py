@@ -173,29 +173,36 @@ def _mean(values: list[float]) -> float | None:
 
 def costs_table(col: Collection) -> str:
     """Wall minutes per run and MB (10^6 bytes) per round up / down / edge→server, mean over seeds."""
+    return costs_table_of([(m, s, col.finished(s, m)) for m in col.methods for s in col.settings])
+
+
+def costs_table_of(groups: list[tuple[str, str, list[Run]]]) -> str:
+    """:func:`costs_table` over explicit (method, setting, finished runs) rows, in the given order.
+
+    A report over several sweep files passes its distinct cells here, so a run that several
+    sweeps plan is costed once.
+    """
     header = ["method", "setting", "runs", "wall min / run", "MB up / round", "MB down / round", "MB edge→server / round"]
     rows = []
-    for m in col.methods:
-        for s in col.settings:
-            runs = col.finished(s, m)
-            if not runs:
-                continue
-            wall: list[float] = []
-            per_round: dict[str, list[float]] = {"up": [], "down": [], "edge_up": []}
-            for run in runs:
-                summary: dict[str, Any] = run.summary or {}
-                if isinstance(summary.get("wall_time_s"), (int, float)):
-                    wall.append(summary["wall_time_s"] / 60)
-                rounds = summary.get("rounds")
-                traffic = summary.get("bytes") or {}
-                for key in per_round:
-                    if isinstance(traffic.get(key), (int, float)) and isinstance(rounds, int) and rounds > 0:
-                        per_round[key].append(traffic[key] / rounds / 1e6)
-            fmt = lambda v, d=2: DASH if v is None else f"{v:.{d}f}"  # noqa: E731
-            rows.append(
-                [m, s, str(len(runs)), fmt(_mean(wall), 2)]
-                + [fmt(_mean(per_round[k]), 3) for k in ("up", "down", "edge_up")]
-            )
+    for m, s, runs in groups:
+        if not runs:
+            continue
+        wall: list[float] = []
+        per_round: dict[str, list[float]] = {"up": [], "down": [], "edge_up": []}
+        for run in runs:
+            summary: dict[str, Any] = run.summary or {}
+            if isinstance(summary.get("wall_time_s"), (int, float)):
+                wall.append(summary["wall_time_s"] / 60)
+            rounds = summary.get("rounds")
+            traffic = summary.get("bytes") or {}
+            for key in per_round:
+                if isinstance(traffic.get(key), (int, float)) and isinstance(rounds, int) and rounds > 0:
+                    per_round[key].append(traffic[key] / rounds / 1e6)
+        fmt = lambda v, d=2: DASH if v is None else f"{v:.{d}f}"  # noqa: E731
+        rows.append(
+            [m, s, str(len(runs)), fmt(_mean(wall), 2)]
+            + [fmt(_mean(per_round[k]), 3) for k in ("up", "down", "edge_up")]
+        )
     if not rows:
         return "_No finished runs._"
     return markdown_table(header, rows, ["l", "l", "r", "r", "r", "r", "r"])
@@ -217,7 +224,8 @@ def incomplete_cells(col: Collection) -> list[str]:
             why = []
             for seed in missing:
                 run = unfinished.get(seed)
-                why.append(f"seed {seed}: " + (f"unfinished ({run.problem}) in {run.dir}" if run else "no run folder"))
+                state = "stale" if run is not None and run.stale else "unfinished"
+                why.append(f"seed {seed}: " + (f"{state} ({run.problem}) in {run.dir}" if run else "no run folder"))
             n_expected = len(expected | done)
             lines.append(f"`{s}` / `{m}`: {len(done)} of {n_expected} seeds finished" + ("; " + "; ".join(why) if why else ""))
     return lines

@@ -1,9 +1,9 @@
 """Internal entry point of ``fedtail sweep``: one run in its own process.
 
-    python -m fedtail.report._runone RUN_DIR < config.json
+    python -m fedtail.sweep.runone RUN_DIR < config.json
 
 The config (a full ``config.json`` dict) is validated with :func:`fedtail.config.build_config`
-and run with the same :func:`fedtail.cli.main.execute_run` as ``fedtail run``. Exit codes:
+and run with the same :func:`fedtail.runner.run_to_folder` as ``fedtail run``. Exit codes:
 0 finished, 2 bad input (one ``error:`` line), 1 the run crashed (traceback, ``FAILED``).
 """
 
@@ -17,15 +17,15 @@ from pathlib import Path
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: python -m fedtail.report._runone RUN_DIR < config.json", file=sys.stderr)
+        print("usage: python -m fedtail.sweep.runone RUN_DIR < config.json", file=sys.stderr)
         return 2
-    from fedtail.cli.main import execute_run
     from fedtail.config import build_config
     from fedtail.errors import FedtailError
+    from fedtail.runner import run_to_folder
 
     try:
         config = build_config(json.loads(sys.stdin.read()))
-        summary = execute_run(config, Path(args[0]))
+        summary = run_to_folder(config, Path(args[0]))
     except FedtailError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -1,0 +1,166 @@
+"""The console side of ``fedtail sweep``: the plan table, the progress bar, one line per run.
+
+Parsing, folder status, the lock, ``sweep.json`` and the subprocesses are :mod:`fedtail.sweep`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from pathlib import Path
+from typing import Any
+
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from fedtail.errors import ConfigError
+from fedtail.sweep import (
+    RunOutcome,
+    Runner,
+    RunStatus,
+    Sweep,
+    SweepLock,
+    SweepRecord,
+    busy_dirs,
+    check_stale,
+    count,
+    load_sweep,
+    oversubscription,
+    run_status,
+    to_run,
+)
+from fedtail.sweep.record import personalized_acc
+
+
+def describe_outcome(outcome: RunOutcome) -> str:
+    """One line of Rich markup per finished run."""
+    where = escape(str(outcome.run.dir))
+    if not outcome.ok:
+        return f"[red]failed[/] {where} after {outcome.minutes:.1f} min"
+    s = outcome.summary or {}
+    best = s.get("best", {})
+    fmt = lambda v: "—" if v is None else f"{100 * v:.2f}%"  # noqa: E731
+    return (
+        f"[green]done[/] {where}: final {fmt(personalized_acc(s, 'final'))}, "
+        f"best {fmt(personalized_acc(s, 'best'))} (round {best.get('round', '?')}), {outcome.minutes:.1f} min"
+    )
+
+
+def execute(
+    sweep: Sweep,
+    statuses: list[RunStatus],
+    *,
+    jobs: int,
+    command: str,
+    console: Any,
+    force: bool = False,
+) -> list[RunOutcome]:
+    """Run the selected pending (and, with ``force``, stale) runs; writes ``{out}/sweep.json``."""
+    todo = to_run(statuses, sweep, force)
+    record = SweepRecord(sweep, statuses, command, jobs)
+    record.queue(todo)
+    if not todo:
+        return []
+    progress = Progress(
+        TextColumn("[bold]runs"),
+        MofNCompleteColumn(),
+        BarColumn(),
+        TimeElapsedColumn(),
+        TextColumn("eta"),
+        TimeRemainingColumn(),
+        console=console,
+        disable=not console.is_terminal and os.environ.get("FEDTAIL_PROGRESS") != "1",
+    )
+    with progress:
+        task = progress.add_task("runs", total=len(todo))
+
+        def on_done(outcome: RunOutcome) -> None:
+            record.update(outcome)
+            progress.console.print(describe_outcome(outcome), highlight=False, soft_wrap=True)
+            progress.advance(task)
+
+        try:
+            outcomes = Runner(jobs).map(todo, on_done)
+        except BaseException:
+            record.interrupt(todo)
+            raise
+    return outcomes
+
+
+def plan_table(sweep: Sweep, statuses: list[RunStatus]) -> Table:
+    """A Rich table of the selected runs, in execution order, with their status."""
+    selected = sweep.selected_dirs()
+    table = Table(title=escape(f"{sweep.file}: {len(selected)} runs -> {sweep.out}"))
+    for col in ("#", "setting", "method", "seed", "algorithm", "status", "note"):
+        table.add_column(col, overflow="fold")
+    style = {"done": "green", "pending": "yellow", "stale": "red", "busy": "magenta"}
+    for i, st in enumerate((s for s in statuses if s.run.dir in selected), 1):
+        run = st.run
+        algo = run.config.algorithm + (f" {json.dumps(run.config.options)}" if run.config.options else "")
+        table.add_row(
+            str(i), escape(run.setting), escape(run.method), str(run.seed), escape(algo),
+            f"[{style[st.state]}]{st.state}[/]", escape(st.note),
+        )
+    return table
+
+
+def sweep_command(
+    file: Path,
+    *,
+    jobs: int | None,
+    methods: list[str] | None,
+    settings: list[str] | None,
+    dry_run: bool,
+    force: bool,
+    out: Path | None,
+    console: Any,
+    stdout: Any,
+) -> int:
+    """``fedtail sweep``: 0 when every selected run is finished, 1 when a run failed.
+
+    Bad input (the file, a stale folder, another sweep holding the lock) raises ConfigError
+    before any run starts.
+    """
+    if jobs is not None and jobs < 1:
+        raise ConfigError(f"--jobs must be >= 1 (got {jobs})")
+    plan = load_sweep(file, out=out, settings=settings, methods=methods)
+    if dry_run:
+        statuses = [run_status(r, busy_dirs()) for r in plan.runs]
+        stdout.print(plan_table(plan, statuses))
+        summary = ", ".join(f"{n} {state}" for state, n in count(statuses, plan).items())
+        stdout.print(summary + " (dry run: nothing was run)", soft_wrap=True)
+        return 0
+    n_jobs = jobs or plan.jobs
+    argv = ["fedtail", "sweep", str(file)]
+    for flag, value in (("--jobs", jobs), ("--methods", methods), ("--settings", settings), ("--out", out)):
+        if value is not None:
+            argv += [flag, ",".join(value) if isinstance(value, list) else str(value)]
+    argv += ["--force"] if force else []
+    say = lambda text: console.print(text, highlight=False, soft_wrap=True)  # noqa: E731
+    with SweepLock(plan.out):
+        busy = busy_dirs()
+        statuses = [run_status(r, busy) for r in plan.runs]
+        selected = plan.selected_dirs()
+        check_stale([s for s in statuses if s.run.dir in selected], force)
+        counts = count(statuses, plan)
+        todo = counts["pending"] + (counts["stale"] if force else 0)
+        say(
+            escape(
+                f"sweep {file}: {len(plan.selected)} runs, {counts['done']} done, {todo} to run, "
+                f"{n_jobs} in parallel -> {plan.out}"
+            )
+        )
+        note = oversubscription(plan, n_jobs)
+        if note:
+            say(f"[yellow]warning:[/] {escape(note)}")
+        for st in statuses:
+            if st.state == "busy" and st.run.dir in selected:
+                say(f"[yellow]warning:[/] {escape(str(st.run.dir))}: {escape(st.note)}")
+        outcomes = execute(plan, statuses, jobs=n_jobs, command=shlex.join(argv), console=console, force=force)
+    failed = [o for o in outcomes if not o.ok]
+    for o in failed:
+        say(f"[bold red]failed:[/] {escape(str(o.run.dir))}\n{escape(o.error)}")
+    say(escape(f"{len(outcomes) - len(failed)} runs finished, {len(failed)} failed; plan in {plan.out / 'sweep.json'}"))
+    return 1 if failed else 0

@@ -1,0 +1,266 @@
+"""``fedtail report --sweep FILE ...``: one Markdown document with one section per sweep file.
+
+A section's tables hold exactly the runs its sweep file plans (``{out}/{setting}/{method}/seed{k}``
+for the file's settings, methods and seeds, in file order), so a run folder that several sweep
+files plan (they may share ``out``) appears in every one of their sections. A planned folder
+counts when it holds a finished run whose ``config.json`` is the planned config (the test of
+``fedtail sweep``: a *stale* run answers another question and is listed, not tabulated). The
+``sweep.json`` of ``out`` is read only for what it alone knows: the machine and the times. It
+describes whichever sweep ran last in that folder, so it does not give the plan.
+
+The document has one header, then per file its tables, incomplete cells and figures (accuracy
+vs round, and ACMU scatters not already shown by an earlier section), then one costs table in
+which every distinct run counts once.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from fedtail.errors import FedtailError
+from fedtail.report.blocks import (
+    GENERATED,
+    Figure,
+    accuracy_blocks,
+    accuracy_figure,
+    acmu_figure,
+    acmu_run,
+    cells_note,
+    costs_block,
+    figures_block,
+    header_lines,
+    incomplete_block,
+    slug,
+    warnings_block,
+)
+from fedtail.report.collect import Collection, Run, load_run
+from fedtail.report.document import ReportResult, check_out
+from fedtail.report.tables import Reference, costs_table_of, load_reference
+from fedtail.sweep.spec import Sweep, load_sweep
+from fedtail.sweep.status import run_status
+
+
+@dataclass
+class Section:
+    file: Path
+    name: str  # the heading
+    sweep: Sweep
+    col: Collection  # the planned runs; settings and methods in file order
+    record: dict[str, Any] | None  # {out}/sweep.json with "root", if readable
+
+    @property
+    def command(self) -> str:
+        return f"fedtail sweep {self.file}"
+
+
+def sweep_title(path: Path) -> str:
+    """The first line of the file's leading comment block, else the file name."""
+    for line in path.read_text().splitlines():
+        text = line.strip()
+        if not text:
+            continue
+        if not text.startswith("#"):
+            break  # a comment after the first key describes that key, not the sweep
+        title = text.lstrip("#").strip()
+        if title:
+            return title
+    return path.name
+
+
+def load_section(path: Path, cache: dict[Path, Run | None], warnings: list[str]) -> Section:
+    """Plan the sweep file (raises ConfigError as ``fedtail sweep`` would) and read its run folders.
+
+    ``cache`` (resolved folder -> run) lets sections that share a folder read it once.
+    """
+    sweep = load_sweep(path)
+    runs: list[Run] = []
+    expected: dict[tuple[str, str], set[int]] = {}
+    for planned in sweep.runs:
+        expected.setdefault((planned.setting, planned.method), set()).add(planned.seed)
+        key = planned.dir.resolve()
+        if key not in cache:
+            found = load_run(planned.dir, warnings) if planned.dir.is_dir() else None
+            if found is not None and found.summary is not None:
+                found.metrics()  # read once: the per-section copies below share the rows
+            cache[key] = found
+        found = cache[key]
+        if found is None:
+            continue
+        # the plan names the cell, whatever the folder's config says; staleness is per plan
+        run = replace(found, setting=planned.setting, method=planned.method, seed=planned.seed, sweep_root=sweep.out)
+        if run.summary is None:
+            warnings.append(f"{run.dir}: unfinished run ({run.problem}); not in the tables")
+        else:
+            status = run_status(planned)
+            if status.state == "stale":
+                run.stale, run.problem = True, status.note
+                warnings.append(f"{run.dir}: {status.note}; not in the tables of {path}")
+        runs.append(run)
+    record = _record(sweep.out, warnings)
+    col = Collection(
+        runs, list(sweep.settings), list(sweep.methods), expected, [record] if record else [], []
+    )
+    return Section(path, sweep_title(path), sweep, col, record)
+
+
+def _record(out: Path, warnings: list[str]) -> dict[str, Any] | None:
+    path = out / "sweep.json"
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as err:
+        warnings.append(f"{path}: unreadable ({err}); the machine of the runs is not shown")
+        return None
+    if not isinstance(data, dict):
+        warnings.append(f"{path}: not a JSON object; ignored")
+        return None
+    return data | {"root": str(out)}
+
+
+class _FigureNames:
+    """``STEM-WHAT.png`` beside the report, with ``-2``, ``-3`` ... when WHAT repeats."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self.used: set[str] = set()
+
+    def take(self, what: str) -> Path:
+        name, k = f"{self.out.stem}-{what}", 1
+        while name in self.used:
+            k += 1
+            name = f"{self.out.stem}-{what}-{k}"
+        self.used.add(name)
+        return self.out.with_name(name + ".png")
+
+
+def write_sweep_report(
+    files: list[Path],
+    out: Path,
+    *,
+    report_command: str,
+    reference_path: Path | None = None,
+    title: str | None = None,
+    command: str | None = None,
+) -> ReportResult:
+    """Write ``out`` (Markdown, one section per sweep file) and its PNG figures; FedtailError on bad input."""
+    check_out(out)
+    seen: set[Path] = set()
+    for f in files:
+        if f.resolve() in seen:
+            raise FedtailError(f"--sweep {f}: given twice; give each sweep file once")
+        seen.add(f.resolve())
+    reference = load_reference(reference_path) if reference_path else None
+    warnings: list[str] = []
+    cache: dict[Path, Run | None] = {}
+    sections = [load_section(f, cache, warnings) for f in files]
+    warnings = list(dict.fromkeys(warnings))  # a shared folder warns once
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    names = _FigureNames(out)
+    shown: dict[Path, str] = {}  # resolved run folder -> heading of the section showing its ACMU scatter
+    per_section: list[tuple[list[Figure], list[str]]] = []
+    for sec in sections:
+        figures: list[Figure] = []
+        notes: list[str] = []
+        acc = accuracy_figure(sec.col, names.take(f"accuracy-{slug(sec.file.stem)}"))
+        if acc:
+            figures.append(acc)
+        for s in sec.col.settings:
+            for m in sec.col.methods:
+                run = acmu_run(sec.col, s, m)
+                if run is None:
+                    continue
+                key = run.dir.resolve()
+                if key in shown:
+                    notes.append(f"ACMU clustering of `{s}` / `{m}` / seed {run.seed}: shown under “{shown[key]}”.")
+                    continue
+                fig = acmu_figure(run, s, m, names.take(f"acmu-{slug(s)}-{slug(m)}"))
+                if fig:
+                    figures.append(fig)
+                    shown[key] = sec.name
+        per_section.append((figures, notes))
+
+    text = _markdown(sections, per_section, reference, out, title, command, report_command, warnings)
+    out.write_text(text)
+    return ReportResult(out, plots=[p for figs, _ in per_section for _, p in figs], warnings=warnings)
+
+
+def _markdown(
+    sections: list[Section],
+    per_section: list[tuple[list[Figure], list[str]]],
+    reference: Reference | None,
+    out: Path,
+    title: str | None,
+    command: str | None,
+    report_command: str,
+    warnings: list[str],
+) -> str:
+    records = list({Path(r["root"]).resolve(): r for sec in sections if (r := sec.record)}.values())
+    outs = list(dict.fromkeys(str(sec.sweep.out) for sec in sections))
+    planned = {r.dir.resolve() for sec in sections for r in sec.sweep.runs}
+    finished = {r.dir.resolve() for sec in sections for r in sec.col.runs if r.finished}
+    produced = [f"`{command}`"] if command else [f"`{sec.command}`" for sec in sections]
+
+    md: list[str] = [f"# {title or 'fedtail report'}", "", GENERATED, ""]
+    md += header_lines(produced, report_command, records)
+    md.append(f"- Sweep files: {', '.join(f'`{sec.file}`' for sec in sections)} (one section each)")
+    md.append(f"- Run folders: {', '.join(f'`{o}`' for o in outs)}")
+    md.append(
+        f"- Runs: {len(finished)} of {len(planned)} planned runs finished "
+        "(a run that several sweep files plan counts once)"
+    )
+    md.append("")
+    md += cells_note(reference)
+
+    for sec, (figures, notes) in zip(sections, per_section):
+        n_done = sum(r.finished for r in sec.col.runs)
+        sw = sec.sweep
+        md += [f"## {sec.name}", ""]
+        md += [
+            f"Sweep file `{sec.file}`, runs produced by `{sec.command}` into `{sw.out}`: {n_done} of "
+            f"{len(sw.runs)} planned runs finished ({len(sw.methods)} methods × {len(sw.settings)} "
+            f"settings × {len(sw.seeds)} seed{'s' if len(sw.seeds) != 1 else ''}).",
+            "",
+        ]
+        md += accuracy_blocks(sec.col, reference, level=3)
+        md += incomplete_block(sec.col, level=3)
+        md += figures_block(figures, out, level=3, notes=notes)
+
+    md += costs_block(_costs(sections), note=" Each run counts once, also when several sweep files plan it.")
+    if reference is not None:
+        unused = [
+            f"{s} / {m}"
+            for s, methods in reference.values.items()
+            for m in methods
+            if not any(s in sec.col.settings and m in sec.col.methods for sec in sections)
+        ]
+        if unused:
+            md += ["Reference numbers without a matching setting/method in these sweeps: " + ", ".join(unused), ""]
+    md += warnings_block(warnings)
+    return "\n".join(md).rstrip() + "\n"
+
+
+def _costs(sections: list[Section]) -> str:
+    """The costs table over the distinct runs of all sections (method-major, in first-seen order)."""
+    several_outs = len({sec.sweep.out.resolve() for sec in sections}) > 1
+    cells: dict[tuple[Path, str, str], dict[Path, Run]] = {}
+    labels: dict[tuple[Path, str, str], str] = {}
+    for sec in sections:
+        for m in sec.col.methods:
+            for s in sec.col.settings:
+                key = (sec.sweep.out.resolve(), s, m)
+                runs = cells.setdefault(key, {})
+                for run in sec.col.finished(s, m):
+                    runs.setdefault(run.dir.resolve(), run)
+                # with several run folders the same setting name may mean different runs
+                labels[key] = f"{sec.sweep.out}/{s}" if several_outs else s
+    groups = [
+        (m, labels[key], sorted(runs.values(), key=lambda r: (r.seed or 0, str(r.dir))))
+        for key, runs in cells.items()
+        for m in [key[2]]
+    ]
+    return costs_table_of(groups)

@@ -1,0 +1,140 @@
+"""Running planned runs, each in its own process, at most ``jobs`` at a time.
+
+A run executes as ``python -m fedtail.sweep.runone DIR`` with its config on stdin and its
+output in ``DIR/run.log``, so one crashing run does not stop the others.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from fedtail.sweep.spec import PlannedRun, Sweep
+
+LOG_NAME = "run.log"
+RUNONE = "fedtail.sweep.runone"
+
+
+@dataclass
+class RunOutcome:
+    run: PlannedRun
+    ok: bool
+    minutes: float
+    summary: dict[str, Any] | None = None
+    error: str = ""
+
+
+def tail(path: Path, lines: int = 8) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return "(no log)"
+    kept = [line.rstrip() for line in text.splitlines() if line.strip()]
+    return "\n".join(kept[-lines:]) or "(empty log)"
+
+
+class Runner:
+    """Runs planned runs in subprocesses, at most ``jobs`` at a time."""
+
+    def __init__(self, jobs: int) -> None:
+        self.jobs = jobs
+        self.procs: dict[Path, subprocess.Popen] = {}
+        self.lock = threading.Lock()
+        self.stopped = threading.Event()
+
+    def _env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.pop("FEDTAIL_PROGRESS", None)  # the child's output goes to a log file
+        return env
+
+    def run_one(self, run: PlannedRun) -> RunOutcome:
+        start = time.perf_counter()
+        if self.stopped.is_set():
+            return RunOutcome(run, False, 0.0, error="not started (sweep interrupted)")
+        if run.dir.exists():
+            shutil.rmtree(run.dir)
+        run.dir.mkdir(parents=True)
+        log = run.dir / LOG_NAME
+        with open(log, "w") as fh:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", RUNONE, str(run.dir)],
+                stdin=subprocess.PIPE,
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                env=self._env(),
+                text=True,
+            )
+            with self.lock:
+                self.procs[run.dir] = proc
+            try:
+                proc.communicate(json.dumps(run.config_dict()))
+            finally:
+                with self.lock:
+                    self.procs.pop(run.dir, None)
+        minutes = (time.perf_counter() - start) / 60
+        summary = None
+        if proc.returncode == 0:
+            try:
+                summary = json.loads((run.dir / "summary.json").read_text())
+            except (OSError, ValueError):
+                summary = None
+        if summary is None:
+            return RunOutcome(run, False, minutes, error=f"exit code {proc.returncode}\n" + tail(log))
+        return RunOutcome(run, True, minutes, summary)
+
+    def stop(self) -> None:
+        self.stopped.set()
+        with self.lock:
+            procs = list(self.procs.values())
+        for proc in procs:  # only the processes this runner started
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+    def map(self, runs: list[PlannedRun], on_done: Callable[[RunOutcome], None]) -> list[RunOutcome]:
+        """Run ``runs`` (started in list order); ``on_done`` sees each outcome as it finishes.
+
+        Returns the outcomes in list order. On an exception (Ctrl-C) the runs are stopped.
+        """
+        outcomes: list[RunOutcome] = []
+        pool = ThreadPoolExecutor(max_workers=self.jobs, thread_name_prefix="sweep")
+        try:
+            futures = [pool.submit(self.run_one, run) for run in runs]  # FIFO: plan order
+            for future in as_completed(futures):
+                outcome = future.result()
+                outcomes.append(outcome)
+                on_done(outcome)
+        except BaseException:
+            self.stop()
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+        pool.shutdown(wait=True)
+        order = {run.dir: i for i, run in enumerate(runs)}
+        return sorted(outcomes, key=lambda o: order[o.run.dir])
+
+
+def oversubscription(sweep: Sweep, jobs: int) -> str | None:
+    """A warning when jobs × workers (× threads) exceeds the machine's cores."""
+    if not sweep.selected:
+        return None
+    per_run = max(r.config.workers * r.config.threads for r in sweep.selected)
+    cores = os.cpu_count() or 1
+    if jobs * per_run > cores:
+        return (
+            f"{jobs} parallel runs × {per_run} processes/threads each exceeds the {cores} cores; "
+            "runs will compete for CPU (results do not change, wall times do)"
+        )
+    return None

@@ -1,0 +1,184 @@
+"""The run folders on disk: done, pending, stale or busy; and ``{out}/sweep.lock``.
+
+A folder whose ``summary.json`` exists and whose ``config.json`` equals the planned config
+(ignoring :data:`IGNORED_KEYS`) is *done*; a finished folder with another config is *stale*;
+an unfinished folder named on the command line of a live process is *busy*; anything else is
+*pending* (cleared and rerun).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from fedtail.errors import ConfigError
+from fedtail.sweep.spec import PlannedRun, Sweep
+
+IGNORED_KEYS = ("workers",)  # config keys that do not change a run's results
+STATES = ("done", "pending", "stale", "busy")
+
+
+@dataclass(frozen=True)
+class RunStatus:
+    run: PlannedRun
+    state: str  # done | pending | stale | busy
+    note: str = ""
+    diffs: tuple[str, ...] = ()
+
+
+def now() -> str:
+    """The local time with its UTC offset, to the second (ISO 8601)."""
+    return datetime.now(timezone.utc).astimezone().isoformat(timespec="seconds")
+
+
+def config_diff(old: Any, new: Any, ignore: tuple[str, ...] = IGNORED_KEYS, prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ, as ``key: old -> new`` (``ignore`` applies at top level)."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        out: list[str] = []
+        for key in list(old) + [k for k in new if k not in old]:
+            if not prefix and key in ignore:
+                continue
+            name = f"{prefix}.{key}" if prefix else str(key)
+            if key not in old:
+                out.append(f"{name}: (absent) -> {json.dumps(new[key])}")
+            elif key not in new:
+                out.append(f"{name}: {json.dumps(old[key])} -> (absent)")
+            else:
+                out.extend(config_diff(old[key], new[key], ignore, name))
+        return out
+    return [] if old == new else [f"{prefix}: {json.dumps(old)} -> {json.dumps(new)}"]
+
+
+def busy_dirs() -> set[Path]:
+    """Folders named on the command line of a live process (other than this one).
+
+    An unfinished run folder that a running ``fedtail run`` (or another sweep's run) is writing
+    must not be cleared. Linux only (``/proc``); elsewhere nothing is reported busy.
+    """
+    out: set[Path] = set()
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return out
+    me = os.getpid()
+    for entry in proc.iterdir():
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        try:
+            args = (entry / "cmdline").read_bytes().split(b"\0")
+            cwd = Path(os.readlink(entry / "cwd"))
+        except OSError:
+            continue
+        for arg in args:
+            text = arg.decode(errors="replace")
+            if text.startswith("--out="):
+                text = text[len("--out="):]
+            if not text or text.startswith("-"):
+                continue
+            try:
+                out.add((cwd / text).resolve())
+            except (OSError, RuntimeError, ValueError):
+                continue
+    return out
+
+
+def run_status(run: PlannedRun, busy: set[Path] | frozenset = frozenset()) -> RunStatus:
+    """done, pending, stale, or busy (unfinished and named by a live process: left alone)."""
+    d = run.dir
+    if (d / "summary.json").is_file():
+        try:
+            existing = json.loads((d / "config.json").read_text())
+        except (OSError, ValueError):
+            return RunStatus(run, "stale", "finished, but config.json is missing or unreadable")
+        diffs = tuple(config_diff(existing, run.config_dict()))
+        if diffs:
+            return RunStatus(run, "stale", "finished with a different config: " + "; ".join(diffs), diffs)
+        return RunStatus(run, "done")
+    if d.is_dir() and any(d.iterdir()):
+        if d.resolve() in busy:
+            return RunStatus(run, "busy", "unfinished and in use by a running process; left alone")
+        failed = d / "FAILED"
+        why = failed.read_text().strip().splitlines()[0] if failed.is_file() else "no summary.json"
+        return RunStatus(run, "pending", f"unfinished folder ({why}); it will be cleared")
+    return RunStatus(run, "pending")
+
+
+def check_stale(statuses: list[RunStatus], force: bool) -> None:
+    stale = [s for s in statuses if s.state == "stale"]
+    if stale and not force:
+        lines = [f"{s.run.dir}: {s.note}" for s in stale]
+        raise ConfigError(
+            f"{len(stale)} finished run folder(s) hold a different config; pass --force to rerun them "
+            "(their results are replaced) or change `out`:\n  " + "\n  ".join(lines)
+        )
+
+
+def count(statuses: list[RunStatus], sweep: Sweep) -> dict[str, int]:
+    """How many selected runs are in each state."""
+    selected = sweep.selected_dirs()
+    out = dict.fromkeys(STATES, 0)
+    for st in statuses:
+        if st.run.dir in selected:
+            out[st.state] += 1
+    return out
+
+
+def to_run(statuses: list[RunStatus], sweep: Sweep, force: bool) -> list[PlannedRun]:
+    """The selected runs to execute, in plan order: pending ones and, with ``force``, stale ones."""
+    selected = sweep.selected_dirs()
+    return [
+        st.run
+        for st in statuses
+        if st.run.dir in selected and (st.state == "pending" or (force and st.state == "stale"))
+    ]
+
+
+class SweepLock:
+    """``{out}/sweep.lock``: one sweep at a time per folder (a lock of a dead process is taken over)."""
+
+    def __init__(self, out: Path) -> None:
+        self.path = out / "sweep.lock"
+        self.held = False
+
+    def __enter__(self) -> "SweepLock":
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        host = os.uname().nodename if hasattr(os, "uname") else ""
+        for _ in range(2):
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                try:
+                    other = json.loads(self.path.read_text())
+                    pid, other_host = int(other["pid"]), other.get("host", "")
+                except (OSError, ValueError, KeyError, TypeError):
+                    pid, other_host = -1, host
+                if pid > 0 and other_host == host and _alive(pid):
+                    raise ConfigError(
+                        f"another fedtail sweep (pid {pid}) is running on {self.path.parent}; "
+                        f"wait for it or stop it (if it is gone, delete {self.path})"
+                    ) from None
+                self.path.unlink(missing_ok=True)  # left by a dead sweep
+                continue
+            with os.fdopen(fd, "w") as fh:
+                json.dump({"pid": os.getpid(), "host": host, "started": now()}, fh)
+            self.held = True
+            return self
+        raise ConfigError(f"could not create {self.path}")
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.held:
+            self.path.unlink(missing_ok=True)
+            self.held = False
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
