@@ -14,6 +14,8 @@ from conftest import tiny_config
 from fedtail.cli.main import app
 from fedtail.report.collect import collect, setting_label
 from fedtail.report.plots import acmu_records, pick_rounds, plot_acmu
+from fedtail.report.sweepdoc import sweep_title
+from fedtail.sweep import load_sweep
 
 runner = CliRunner()
 
@@ -24,11 +26,13 @@ def invoke(*args):
 
 def make_run(folder: Path, *, seed: int, final: float, best: float, best_round: int, rounds: int = 4,
              algorithm: str = "fedavg", rounds_log=None, bytes_up: int = 2_000_000, wall: float = 120.0,
-             alpha: float = 0.5, finished: bool = True) -> None:  # fmt: skip
-    """A run folder as `fedtail run` writes it, with chosen accuracies."""
+             alpha: float = 0.5, finished: bool = True, config: dict | None = None) -> None:  # fmt: skip
+    """A run folder as `fedtail run` writes it, with chosen accuracies (``config``: its config.json)."""
     folder.mkdir(parents=True, exist_ok=True)
-    config = tiny_config(seed=seed, algorithm=algorithm, rounds=rounds, partition={"alpha": alpha})
-    (folder / "config.json").write_text(json.dumps(config.model_dump(mode="json")))
+    if config is None:
+        made = tiny_config(seed=seed, algorithm=algorithm, rounds=rounds, partition={"alpha": alpha})
+        config = made.model_dump(mode="json")
+    (folder / "config.json").write_text(json.dumps(config))
     rows = []
     for rnd in range(1, rounds + 1):
         acc = best if rnd == best_round else final if rnd == rounds else min(final, best) - 0.01 * (rounds - rnd)
@@ -92,7 +96,7 @@ def sweep_dir(tmp_path):
 
 def table(text: str, heading: str) -> dict[str, dict[str, str]]:
     """The Markdown table under ``heading`` as {row name: {column: cell}}."""
-    section = text.split(f"## {heading}", 1)[1].split("\n## ")[0]
+    section = re.split(r"\n##+ ", text.split(f"## {heading}", 1)[1])[0]  # up to the next heading
     lines = [l for l in section.splitlines() if l.startswith("|")]
     cols = [c.strip() for c in lines[0].strip("|").split("|")]
     out = {}
@@ -280,3 +284,179 @@ def test_acmu_scatter_from_a_fabricated_log(tmp_path):
     assert not list(tmp_path.glob("R-acmu-s-fedavg*"))  # runs without ACMU records get no scatter
     assert plot_acmu([{"round": 1, "rounds_log": [{"round": 1}]}], tmp_path / "none.png") is False
     assert not (tmp_path / "none.png").exists()
+
+
+# --- one section per sweep file (--sweep) --------------------------------------------------------
+
+SWEEP_BASE = """
+[base]
+dataset = "synthetic"
+model = "mlp"
+fraction = 0.5
+rounds = 4
+[base.dataset_options]
+num_classes = 4
+dim = 8
+train_per_class = 30
+test_per_class = 10
+[base.partition]
+scheme = "dirichlet"
+num_clients = 4
+alpha = 0.5
+min_samples = 3
+"""
+
+# Two sweep files sharing one out folder, as benchmarks/mupfl/table{2,5,6}_fmnist.toml do: the run
+# s-x/fedavg/seed0 is planned by both. Names are not in alphabetical order, so that the tables
+# must follow the files.
+SWEEP_A = """# Table A: baselines
+# (a second comment line, not the heading)
+out = "{out}"
+seeds = [0, 1]
+{base}
+[settings.s-y]
+partition = {{ alpha = 1.0 }}
+[settings.s-x]
+[methods.zeta]
+algorithm = "fedavg"
+[methods.fedavg]
+[methods.ghost]
+algorithm = "local"
+"""
+SWEEP_B = """out = "{out}"  # shared with a.toml
+# a comment after the first key is not a heading: this section is headed by the file name
+seeds = [0]
+{base}
+[settings.s-x]
+[methods.variant]
+algorithm = "local"
+[methods.fedavg]
+"""
+
+# (setting, method, seed) -> final accuracy; best = final + 0.01 at round 3
+ACCS = {
+    ("s-y", "zeta", 0): 0.61, ("s-y", "zeta", 1): 0.63, ("s-y", "fedavg", 0): 0.71, ("s-y", "fedavg", 1): 0.74,
+    ("s-x", "zeta", 0): 0.52,  # s-x/zeta/seed1 is missing
+    ("s-x", "fedavg", 0): 0.81, ("s-x", "fedavg", 1): 0.85,  # seed0 is shared by both files
+}  # fmt: skip
+
+
+@pytest.fixture
+def two_sweeps(tmp_path):
+    out = tmp_path / "shared"
+    a, b = tmp_path / "a.toml", tmp_path / "b.toml"
+    a.write_text(SWEEP_A.format(out=out.as_posix(), base=SWEEP_BASE))
+    b.write_text(SWEEP_B.format(out=out.as_posix(), base=SWEEP_BASE))
+    plan = {r.dir: r for f in (a, b) for r in load_sweep(f).runs}
+    for (s, m, k), final in ACCS.items():
+        run = plan[out / s / m / f"seed{k}"]
+        log = acmu_log(rounds=(1, 2, 3, 4)) if (s, m) == ("s-x", "fedavg") else None
+        make_run(run.dir, seed=k, final=final, best=final + 0.01, best_round=3, rounds=4, rounds_log=log,
+                 config=run.config_dict())  # fmt: skip
+    # b.toml's variant was run with another lr than b.toml plans: stale, so not b's number
+    stale = plan[out / "s-x" / "variant" / "seed0"].config_dict()
+    stale["train"]["lr"] = 0.5
+    make_run(out / "s-x" / "variant" / "seed0", seed=0, final=0.99, best=0.99, best_round=4, config=stale)
+    # a run in the out folder that neither file plans
+    make_run(out / "s-x" / "other" / "seed0", seed=0, final=0.3, best=0.3, best_round=4, algorithm="local")
+    # sweep.json of the folder: written by whichever sweep ran last; it records the machine
+    record = {"file": str(b), "command": f"fedtail sweep {b}", "settings": ["s-x"], "methods": ["variant", "fedavg"],
+              "machine": {"platform": "TestOS-1", "cpu": "TestCPU", "cores": 64, "memory_gb": 8, "python": "3.x",
+                          "torch": "9.9"}, "started": "2026-01-01T00:00:00+00:00", "runs": []}  # fmt: skip
+    (out / "sweep.json").write_text(json.dumps(record))
+    return a, b
+
+
+def section(text: str, heading: str) -> str:
+    return text.split(f"\n## {heading}\n", 1)[1].split("\n## ")[0]
+
+
+FINAL, BEST = "Final-round personalised accuracy (%)", "Best-round personalised accuracy (%)"
+
+
+def test_sweep_sections_follow_their_files_and_share_runs(two_sweeps, tmp_path):
+    a, b = two_sweeps
+    md = tmp_path / "doc" / "R.md"
+    res = invoke("report", "--sweep", a, "--sweep", b, "--out", md, "--title", "Two tables")
+    assert res.exit_code == 0, res.output
+    text = md.read_text()
+    assert text.startswith("# Two tables")
+    assert text.index("\n## Table A: baselines\n") < text.index("\n## b.toml\n")  # sections in --sweep order
+    sec_a, sec_b = section(text, "Table A: baselines"), section(text, "b.toml")
+    assert f"`fedtail sweep {a}`" in sec_a and f"`fedtail sweep {b}`" in sec_b
+
+    final_a, best_a = table(sec_a, FINAL), table(sec_a, BEST)
+    assert list(final_a) == ["zeta", "fedavg", "ghost"] and list(final_a["zeta"]) == ["s-y", "s-x"]
+    assert final_a["fedavg"]["s-x"] == expected_cell([0.81, 0.85])  # both seeds, one of them shared
+    assert final_a["zeta"]["s-x"] == expected_cell([0.52])
+    assert best_a["fedavg"]["s-y"] == f"{expected_cell([0.72, 0.75])} @ r3"
+    assert final_a["ghost"]["s-y"] == final_a["ghost"]["s-x"] == "—"  # planned, never run
+    final_b = table(sec_b, FINAL)
+    assert list(final_b) == ["variant", "fedavg"] and list(final_b["fedavg"]) == ["s-x"]
+    assert final_b["fedavg"]["s-x"] == expected_cell([0.81])  # the shared run; b plans seed 0 only
+    assert final_b["variant"]["s-x"] == "—"  # its folder holds a run of another config
+    assert "other" not in text.split("## Costs")[0]  # planned by neither file
+
+    inc_a = sec_a.split("### Incomplete cells", 1)[1]
+    assert "`s-x` / `zeta`: 1 of 2 seeds finished; seed 1: no run folder" in inc_a
+    assert "`s-y` / `ghost`: 0 of 2 seeds finished" in inc_a and "`s-x` / `fedavg`" not in inc_a
+    inc_b = sec_b.split("### Incomplete cells", 1)[1]
+    assert "`s-x` / `variant`: 0 of 1 seeds finished; seed 0: stale" in inc_b and "train.lr" in inc_b
+
+    # one header (with the machine sweep.json recorded and this one) and one costs table
+    assert text.count("Machine generating this report") == 1 and text.count("## Costs") == 1
+    assert f"Machine of the runs (recorded in `{tmp_path / 'shared' / 'sweep.json'}`): TestOS-1, CPU TestCPU" in text
+    costs = text.split("## Costs", 1)[1].split("\n## ")[0]
+    assert "| fedavg | s-x | 2 |" in costs and costs.count("| fedavg | s-x |") == 1  # the shared run once
+
+
+def test_sweep_sections_have_their_own_figures(two_sweeps, tmp_path):
+    a, b = two_sweeps
+    md = tmp_path / "R.md"
+    assert invoke("report", "--sweep", a, "--sweep", b, "--out", md).exit_code == 0
+    text = md.read_text()
+    sec_a, sec_b = section(text, "Table A: baselines"), section(text, "b.toml")
+    for name, sec in (("R-accuracy-a.png", sec_a), ("R-accuracy-b.png", sec_b)):
+        assert (tmp_path / name).stat().st_size > 5000 and f"]({name})" in sec
+    # the shared run's ACMU scatter is drawn once, in the first section that has it
+    assert (tmp_path / "R-acmu-s-x-fedavg.png").stat().st_size > 5000
+    assert "](R-acmu-s-x-fedavg.png)" in sec_a and "](R-acmu" not in sec_b
+    assert "`s-x` / `fedavg` / seed 0: shown under “Table A: baselines”" in sec_b
+    pngs = sorted(p.name for p in tmp_path.glob("R-*.png"))
+    assert pngs == ["R-accuracy-a.png", "R-accuracy-b.png", "R-acmu-s-x-fedavg.png"]
+
+
+def test_sweep_sections_with_reference(two_sweeps, tmp_path):
+    a, b = two_sweeps
+    ref = tmp_path / "ref.toml"
+    ref.write_text('[reference.s-x]\nfedavg = 80.5\nvariant = 90\n[reference.s-z]\nfedavg = 1\n')
+    md = tmp_path / "R.md"
+    assert invoke("report", "--sweep", a, "--sweep", b, "--out", md, "--reference", ref).exit_code == 0
+    text = md.read_text()
+    assert table(section(text, "Table A: baselines"), FINAL)["fedavg"]["s-x (paper)"] == "80.50"
+    assert "s-y (paper)" not in table(section(text, "Table A: baselines"), FINAL)["fedavg"]
+    assert table(section(text, "b.toml"), BEST)["variant"]["s-x (paper)"] == "90.00"
+    assert "in these sweeps: s-z / fedavg" in text
+
+
+def test_sweep_title_is_the_first_leading_comment(tmp_path):
+    f = tmp_path / "t.toml"
+    f.write_text("\n#\n#   Table X: things  \n# more\nout = 'x'\n")
+    assert sweep_title(f) == "Table X: things"
+    f.write_text("# Table Y at alpha 0.5, e.g. with IF 10. The rest wraps onto\n# the next line.\n")
+    assert sweep_title(f) == "Table Y at alpha 0.5, e.g. with IF 10."
+    f.write_text("out = 'x'  # not a title\n# nor this\n")
+    assert sweep_title(f) == "t.toml"
+
+
+def test_report_needs_run_dirs_or_sweeps(two_sweeps, sweep_dir, tmp_path):
+    a, _ = two_sweeps
+    res = invoke("report", "--out", tmp_path / "R.md")
+    assert res.exit_code == 2 and "RUN_DIRS" in res.output and "--sweep" in res.output
+    res = invoke("report", sweep_dir, "--sweep", a, "--out", tmp_path / "R.md")
+    assert res.exit_code == 2 and "not both" in res.output
+    res = invoke("report", "--sweep", a, "--sweep", a, "--out", tmp_path / "R.md")
+    assert res.exit_code == 2 and "given twice" in res.output
+    res = invoke("report", "--sweep", tmp_path / "nope.toml", "--out", tmp_path / "R.md")
+    assert res.exit_code == 2 and "nope.toml" in res.output
+    assert not (tmp_path / "R.md").exists()

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# Regenerates benchmarks/mupfl/RESULTS.md and its plots from the committed run folders.
+# Regenerates benchmarks/mupfl/RESULTS.md and its plots from the run folders (one section per table).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-.venv/bin/fedtail report benchmarks/mupfl/runs/fmnist \
+.venv/bin/fedtail report \
+  --sweep benchmarks/mupfl/table2_fmnist.toml \
+  --sweep benchmarks/mupfl/table5_fmnist.toml \
+  --sweep benchmarks/mupfl/table6_fmnist.toml \
   --out benchmarks/mupfl/RESULTS.md \
   --reference benchmarks/mupfl/paper_fmnist.toml \
   --title "MuPFL on Fashion-MNIST: Tables II, V and VI" \

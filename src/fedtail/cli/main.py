@@ -237,26 +237,49 @@ def sweep(
 
 @app.command()
 def report(
-    run_dirs: list[Path] = typer.Argument(..., help="run folders, or folders containing them (searched recursively)"),
+    run_dirs: Optional[list[Path]] = typer.Argument(
+        None, help="run folders, or folders containing them (searched recursively); or use --sweep"
+    ),
+    sweep_files: list[Path] = typer.Option(
+        [], "--sweep", help="sweep TOML file: one section with its planned runs (repeat for more sections)"
+    ),
     out: Path = typer.Option(..., "--out", help="Markdown file to write; PNG figures are written beside it"),
-    reference: Optional[Path] = typer.Option(None, help="TOML with [reference.SETTING] METHOD = percent"),
+    reference: Optional[Path] = typer.Option(None, help="TOML with \\[reference.SETTING] METHOD = percent"),
     title: Optional[str] = typer.Option(None, help="report title"),
     command: Optional[str] = typer.Option(None, help="the command that produced the runs (default: from sweep.json)"),
 ) -> None:
-    """Tables (mean ± std over seeds) and figures of finished runs, as Markdown + PNG."""
+    """Tables (mean ± std over seeds) and figures of finished runs, as Markdown + PNG.
+
+    RUN_DIRS: one table of every run found. --sweep FILE (repeatable): one section per file.
+    """
     import shlex
 
     from rich.markup import escape
 
     from fedtail.report.document import write_report
+    from fedtail.report.sweepdoc import write_sweep_report
 
-    argv = ["fedtail", "report", *map(str, run_dirs), "--out", str(out)]
+    run_dirs = run_dirs or []
+    argv = ["fedtail", "report", *map(str, run_dirs)]
+    for file in sweep_files:
+        argv += ["--sweep", str(file)]
+    argv += ["--out", str(out)]
     for flag, value in (("--reference", reference), ("--title", title), ("--command", command)):
         if value is not None:
             argv += [flag, str(value)]
     try:
-        result = write_report(
-            run_dirs, out, report_command=shlex.join(argv), reference_path=reference, title=title, command=command
+        if run_dirs and sweep_files:
+            raise FedtailError("report: give run folders or --sweep files, not both")
+        if not run_dirs and not sweep_files:
+            raise FedtailError("report: give run folders (RUN_DIRS...) or one or more --sweep FILE.toml")
+        write = write_sweep_report if sweep_files else write_report
+        result = write(
+            sweep_files or run_dirs,
+            out,
+            report_command=shlex.join(argv),
+            reference_path=reference,
+            title=title,
+            command=command,
         )
     except FedtailError as err:
         fail(str(err))

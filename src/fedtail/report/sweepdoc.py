@@ -16,6 +16,7 @@ which every distinct run counts once.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -57,7 +58,10 @@ class Section:
 
 
 def sweep_title(path: Path) -> str:
-    """The first line of the file's leading comment block, else the file name."""
+    """The first sentence of the first line of the file's leading comment block, else the file name.
+
+    Only the first sentence: a long comment wraps, and its first line would end mid-sentence.
+    """
     for line in path.read_text().splitlines():
         text = line.strip()
         if not text:
@@ -66,7 +70,8 @@ def sweep_title(path: Path) -> str:
             break  # a comment after the first key describes that key, not the sweep
         title = text.lstrip("#").strip()
         if title:
-            return title
+            # a sentence ends at ". " before a capital letter (so "e.g. x" or "0.5, 1" do not end one)
+            return re.split(r"(?<=\.)\s+(?=[A-Z])", title, maxsplit=1)[0]
     return path.name
 
 
@@ -100,9 +105,7 @@ def load_section(path: Path, cache: dict[Path, Run | None], warnings: list[str])
                 warnings.append(f"{run.dir}: {status.note}; not in the tables of {path}")
         runs.append(run)
     record = _record(sweep.out, warnings)
-    col = Collection(
-        runs, list(sweep.settings), list(sweep.methods), expected, [record] if record else [], []
-    )
+    col = Collection(runs, list(sweep.settings), list(sweep.methods), expected, [record] if record else [], [])
     return Section(path, sweep_title(path), sweep, col, record)
 
 
@@ -222,8 +225,8 @@ def _markdown(
         md += [f"## {sec.name}", ""]
         md += [
             f"Sweep file `{sec.file}`, runs produced by `{sec.command}` into `{sw.out}`: {n_done} of "
-            f"{len(sw.runs)} planned runs finished ({len(sw.methods)} methods × {len(sw.settings)} "
-            f"settings × {len(sw.seeds)} seed{'s' if len(sw.seeds) != 1 else ''}).",
+            f"{len(sw.runs)} planned runs finished ({_count(sw.methods, 'method')} × "
+            f"{_count(sw.settings, 'setting')} × {_count(sw.seeds, 'seed')}).",
             "",
         ]
         md += accuracy_blocks(sec.col, reference, level=3)
@@ -244,6 +247,10 @@ def _markdown(
     return "\n".join(md).rstrip() + "\n"
 
 
+def _count(items: list[Any], noun: str) -> str:
+    return f"{len(items)} {noun}{'s' if len(items) != 1 else ''}"
+
+
 def _costs(sections: list[Section]) -> str:
     """The costs table over the distinct runs of all sections (method-major, in first-seen order)."""
     several_outs = len({sec.sweep.out.resolve() for sec in sections}) > 1
@@ -259,8 +266,7 @@ def _costs(sections: list[Section]) -> str:
                 # with several run folders the same setting name may mean different runs
                 labels[key] = f"{sec.sweep.out}/{s}" if several_outs else s
     groups = [
-        (m, labels[key], sorted(runs.values(), key=lambda r: (r.seed or 0, str(r.dir))))
-        for key, runs in cells.items()
-        for m in [key[2]]
+        (m, labels[(o, s, m)], sorted(runs.values(), key=lambda r: (r.seed or 0, str(r.dir))))
+        for (o, s, m), runs in cells.items()
     ]
     return costs_table_of(groups)
