@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import tiny_config
+from conftest import tiny_config, tiny_raw
+from fedtail.config import build_config
 from fedtail.algorithms.aggregate import WeightedMean, weighted_mean
 from fedtail.algorithms.base import Algorithm, ClientHalf, EdgeHalf, Message, ServerHalf
 from fedtail.engine import prepare
@@ -96,6 +97,22 @@ def test_serial_and_parallel_agree_exactly(algorithm):
     _, serial, _ = run(tiny_config(algorithm=algorithm, workers=1))
     _, parallel, _ = run(tiny_config(algorithm=algorithm, workers=2))
     assert strip_timing(serial) == strip_timing(parallel)
+
+
+def test_channels_last_cnn_is_exact_across_workers_and_close_to_the_default_layout():
+    def cnn(**overrides):
+        raw = tiny_raw(dataset="digits", model="cnn-fmnist", rounds=2, **overrides)
+        raw["dataset_options"] = {}
+        return build_config(raw)
+
+    _, serial, sim = run(cnn(workers=1))
+    _, parallel, _ = run(cnn(workers=2))
+    assert sim.workspace.model().channels_last  # the default
+    assert strip_timing(serial) == strip_timing(parallel)
+    _, plain, plain_sim = run(cnn(channels_last=False))
+    assert not plain_sim.workspace.model().channels_last
+    a, b = sim.server.global_weights(), plain_sim.server.global_weights()
+    assert all(torch.allclose(a[k], b[k], atol=1e-4) for k in a)
 
 
 def test_evaluation_frequency_does_not_change_training():

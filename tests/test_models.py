@@ -157,3 +157,16 @@ def test_cnn_fmnist_body_has_separate_relus() -> None:
     body = build_model("cnn-fmnist", (1, 28, 28), 10).body
     assert isinstance(body, nn.Sequential)
     assert sum(isinstance(m, nn.ReLU) for m in body) == 2
+
+
+def test_channels_last_model_computes_the_same_function():
+    torch.manual_seed(0)
+    plain = build_model("cnn-fmnist", (1, 28, 28), 10)
+    fast = build_model("cnn-fmnist", (1, 28, 28), 10)
+    fast.load_state_dict(plain.state_dict())
+    fast.to_channels_last()
+    x = torch.randn(4, 1, 28, 28)
+    assert fast.body[0].weight.is_contiguous(memory_format=torch.channels_last)
+    assert torch.allclose(plain(x), fast(x), atol=1e-5)
+    assert torch.allclose(plain.features(x), fast.features(x), atol=1e-5)
+    assert fast.state_dict().keys() == plain.state_dict().keys()

@@ -54,6 +54,9 @@ class RunConfig(BaseModel):
     seed: int = Field(0, ge=0)
     workers: int = Field(1, ge=1, description="--workers: client-training processes")
     threads: int = Field(1, ge=1, description="--threads: intra-op threads per client computation")
+    channels_last: bool = Field(
+        True, description="channels-last weights and images: faster CNN steps on CPU; changes float rounding"
+    )
     eval_every: int = Field(1, ge=1)
     eval_split: Literal["test", "val"] = "test"
     eval_global: bool = True

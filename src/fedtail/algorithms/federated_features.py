@@ -54,7 +54,7 @@ def classifier_inputs(model: SplitModel, x: torch.Tensor) -> torch.Tensor:
     """The inputs of ``model.classifier`` for the batch ``x`` (no grad handling: the caller's)."""
     classifier = model.classifier
     if model.head is classifier:
-        return model.body(x)
+        return model.features(x)
     # A deeper head: capture what reaches the last Linear rather than re-implementing the head.
     captured: list[torch.Tensor] = []
     handle = classifier.register_forward_pre_hook(lambda _module, args: captured.append(args[0]))

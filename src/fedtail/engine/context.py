@@ -57,7 +57,8 @@ class Workspace:
             # Workspace weights are always overwritten before use; building must not consume
             # the task's random stream, or results would depend on which process built it.
             with torch.random.fork_rng(devices=[]):
-                self._models[role] = build_model(self.config.model, self.dataset.input_shape, self.dataset.num_classes)
+                model = build_model(self.config.model, self.dataset.input_shape, self.dataset.num_classes)
+                self._models[role] = model.to_channels_last() if self.config.channels_last else model
         return self._models[role]
 
     def optimizer(
