@@ -58,7 +58,7 @@ def plot_accuracy_curves(
         return False
     ncols = min(len(settings), 3)
     nrows = math.ceil(len(settings) / ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(4.6 * ncols, 3.4 * nrows + 0.6), squeeze=False, dpi=110)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(max(4.6 * ncols, 6.4), 3.4 * nrows + 0.6), squeeze=False, dpi=110)
     colors = dict(zip(methods, _colors(len(methods))))
     handles: dict[str, Any] = {}
     for ax, setting in zip(axes.flat, settings):
@@ -135,7 +135,7 @@ def plot_acmu(rows: list[dict[str, Any]], path: Path, title: str = "", max_round
     rounds = pick_rounds(list(records), max_rounds)
     edges = sorted({int(r.get("edge", 0)) for rnd in rounds for r in records[rnd]})[:max_edges]
     fig, axes = plt.subplots(
-        len(edges), len(rounds), figsize=(3.4 * len(rounds), 3.1 * len(edges) + 0.5), squeeze=False, dpi=110
+        len(edges), len(rounds), figsize=(max(3.4 * len(rounds), 6.4), 3.1 * len(edges) + 0.5), squeeze=False, dpi=110
     )
     for j, rnd in enumerate(rounds):
         by_edge = {int(r.get("edge", 0)): r for r in records[rnd]}
