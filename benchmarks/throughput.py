@@ -67,10 +67,10 @@ def fl_run(args: argparse.Namespace, workers: int, dataset, partition) -> dict:
 
 
 def bare_run(dataset, index: torch.Tensor, samples: int, batch_size: int, threads: int) -> float:
-    """A plain centralised SGD loop with the same model, batch size and threads."""
+    """A plain centralised SGD loop with the same model, layout, batch size and threads."""
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    model = build_model("cnn-fmnist", dataset.input_shape, dataset.num_classes)
+    model = build_model("cnn-fmnist", dataset.input_shape, dataset.num_classes).to_channels_last()
     opt = torch.optim.SGD(model.parameters(), lr=0.005)
     g = torch.Generator().manual_seed(0)
     model.train()
