@@ -73,6 +73,9 @@ class CReFFConfig(AlgorithmConfig):
 
     num_features: int = Field(100, ge=1, description="federated features per class (m)")
     match_iterations: int = Field(100, ge=0, description="SGD steps of feature matching per round")
+    # 0.1 is the authors' value for 256-d ResNet-8 features; the cosine loss's gradient shrinks
+    # with the feature size, and 3136-d cnn-fmnist features need about 100
+    # (benchmarks/mupfl/feature_matching_validation.py).
     match_lr: float = Field(0.1, gt=0, description="learning rate of feature matching")
     retrain_epochs: int = Field(300, ge=1, description="epochs of classifier re-training per round")
     retrain_batch: int = Field(32, ge=1, description="batch size of classifier re-training")

@@ -75,7 +75,7 @@ class MuPFLConfig(AlgorithmConfig):
     pkcf_lr: float = Field(0.01, gt=0)
     pkcf_batch: int = Field(32, ge=1)
     match_iterations: int = Field(100, ge=1, description="feature-matching SGD steps per round")
-    match_lr: float = Field(0.1, gt=0)
+    match_lr: float = Field(0.1, gt=0, description="feature-matching lr (CReFF's 0.1; see creff.py on feature size)")
 
     @model_validator(mode="after")
     def _range(self) -> "MuPFLConfig":
