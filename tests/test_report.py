@@ -214,6 +214,22 @@ def test_accuracy_plot_is_written_and_referenced(sweep_dir, tmp_path):
     assert "](R-accuracy.png)" in md.read_text()
 
 
+def test_the_evaluated_split_is_named(tmp_path):
+    test_run = tiny_config(seed=0).model_dump(mode="json")
+    val_run = tiny_config(seed=1, eval_split="val", partition={"alpha": 0.5, "val_fraction": 0.2}).model_dump(mode="json")
+    make_run(tmp_path / "t" / "s" / "fedavg" / "seed0", seed=0, final=0.5, best=0.6, best_round=2, config=test_run)
+    make_run(tmp_path / "v" / "s" / "fedavg" / "seed1", seed=1, final=0.5, best=0.6, best_round=2, config=val_run)
+    md = tmp_path / "R.md"
+    for folders, says, mixed in (
+        (["t"], "local test data,", False), (["v"], "local validation data (samples held out", False), (["t", "v"], "local test data or local validation data", True)
+    ):  # fmt: skip
+        res = invoke("report", *[tmp_path / f for f in folders], "--out", md)
+        assert res.exit_code == 0, res.output
+        text = md.read_text()
+        assert says in text
+        assert ("evaluated on different splits" in text) == mixed
+
+
 def test_runs_outside_a_sweep_are_grouped_by_config(tmp_path):
     make_run(tmp_path / "x" / "one", seed=0, final=0.5, best=0.6, best_round=2, alpha=0.3)
     make_run(tmp_path / "x" / "two", seed=1, final=0.7, best=0.7, best_round=4, alpha=0.3)

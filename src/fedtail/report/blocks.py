@@ -47,14 +47,28 @@ def header_lines(produced: list[str], report_command: str, sweeps: list[dict[str
     return md
 
 
-def cells_note(reference: Reference | None) -> list[str]:
+SPLIT_WORDS = {
+    "test": "local test data",
+    "val": "local validation data (samples held out of its training data; the test split is not used)",
+}
+
+
+def eval_splits(runs: list[Run]) -> list[str]:
+    """The ``eval_split`` values of the finished runs, sorted (runs from before the option: test)."""
+    return sorted({(r.config or {}).get("eval_split", "test") for r in runs if r.finished})
+
+
+def cells_note(reference: Reference | None, splits: list[str]) -> list[str]:
     """What a cell means (and where the paper columns come from), under the header."""
+    data = " or ".join(SPLIT_WORDS.get(s, f"its {s} split") for s in splits or ["test"])
     md = [
-        "Personalised accuracy is each client's model on that client's local test data, averaged "
+        f"Personalised accuracy is each client's model on that client's {data}, averaged "
         "with equal weight over all clients. Cells: mean ± sample standard deviation over seeds "
         "(n − 1 denominator; no ± for a single seed), in percent, with the number of seeds; "
         "— marks a cell without finished runs."
     ]
+    if len(splits) > 1:
+        md[0] += " **These runs were evaluated on different splits (`eval_split`: " + ", ".join(splits) + ").**"
     if reference is not None:
         src = f" Source: {reference.source}." if reference.source else ""
         md += ["", f"Columns marked (paper) hold the reference numbers from `--reference`.{src}"]

@@ -20,6 +20,7 @@ from fedtail.report.blocks import (
     acmu_figure,
     acmu_run,
     cells_note,
+    eval_splits,
     costs_block,
     figures_block,
     header_lines,
@@ -114,7 +115,7 @@ def _markdown(
         f"{len(col.methods)} methods × {len(col.settings)} settings"
     )
     md.append("")
-    md += cells_note(reference)
+    md += cells_note(reference, eval_splits(col.runs))
     md += accuracy_blocks(col, reference)
     md += costs_block(costs_table(col))
     md += incomplete_block(col)

@@ -30,6 +30,7 @@ from fedtail.report.blocks import (
     acmu_figure,
     acmu_run,
     cells_note,
+    eval_splits,
     costs_block,
     figures_block,
     header_lines,
@@ -217,7 +218,7 @@ def _markdown(
         "(a run that several sweep files plan counts once)"
     )
     md.append("")
-    md += cells_note(reference)
+    md += cells_note(reference, eval_splits([r for sec in sections for r in sec.col.runs]))
 
     for sec, (figures, notes) in zip(sections, per_section):
         n_done = sum(r.finished for r in sec.col.runs)
