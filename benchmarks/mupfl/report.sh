@@ -10,3 +10,9 @@ cd "$(dirname "$0")/../.."
   --reference benchmarks/mupfl/paper_fmnist.toml \
   --title "MuPFL on Fashion-MNIST: Tables II, V and VI" \
   --command "bash benchmarks/mupfl/run_all.sh"
+# The validation sweep that chose the open hyperparameters (held-out training samples, not test data).
+.venv/bin/fedtail report \
+  --sweep benchmarks/mupfl/validation_fmnist.toml \
+  --out benchmarks/mupfl/VALIDATION.md \
+  --title "MuPFL on Fashion-MNIST: validation runs for the open hyperparameters" \
+  --command "bash benchmarks/mupfl/run_all.sh"

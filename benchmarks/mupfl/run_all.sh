@@ -4,6 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 sweep() { .venv/bin/fedtail sweep "$@"; }
+sweep benchmarks/mupfl/validation_fmnist.toml   # chooses the open hyperparameters first
 sweep benchmarks/mupfl/table2_fmnist.toml --settings a0.5-if10 --methods mupfl
 sweep benchmarks/mupfl/table2_fmnist.toml --settings a0.5-if10
 sweep benchmarks/mupfl/table6_fmnist.toml
