@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -323,6 +324,8 @@ def test_sweep_runs_everything_and_writes_sweep_json(swept):
     assert "machine" in plan and plan["command"].startswith("fedtail sweep")
     assert output.count("done ") >= 2 and "final" in output and "min" in output
     assert not (out / "sweep.lock").exists()
+    log = (out / "a05" / "fedavg" / "seed0" / "run.log").read_text()
+    assert re.search(r"^round 1/1: personalized_acc 0\.\d{4}, \d+ s$", log, re.M), log
     for run in load_sweep(path).runs:  # the written config equals the planned one
         assert run_status(run).state == "done"
 

@@ -3,7 +3,9 @@
     python -m fedtail.sweep.runone RUN_DIR < config.json
 
 The config (a full ``config.json`` dict) is validated with :func:`fedtail.config.build_config`
-and run with the same :func:`fedtail.runner.run_to_folder` as ``fedtail run``. Exit codes:
+and run with the same :func:`fedtail.runner.run_to_folder` as ``fedtail run``. Each evaluation
+prints one line (round, accuracy, elapsed time), so ``run.log`` shows a long run's progress.
+Exit codes:
 0 finished, 2 bad input (one ``error:`` line), 1 the run crashed (traceback, ``FAILED``).
 """
 
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 
@@ -25,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         config = build_config(json.loads(sys.stdin.read()))
-        summary = run_to_folder(config, Path(args[0]))
+        summary = run_to_folder(config, Path(args[0]), on_round=_progress(config.rounds))
     except FedtailError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -38,6 +41,18 @@ def main(argv: list[str] | None = None) -> int:
         f"best {best['personalized_acc']:.4f} (round {best['round']}), wall {summary['wall_time_s']:.1f} s"
     )
     return 0
+
+
+def _progress(rounds: int):
+    start = time.perf_counter()
+
+    def on_round(rnd: int, row: dict | None) -> None:
+        if row is not None:
+            acc = row.get("personalized_acc")
+            shown = f"{acc:.4f}" if isinstance(acc, float) else "n/a"
+            print(f"round {rnd}/{rounds}: personalized_acc {shown}, {time.perf_counter() - start:.0f} s", flush=True)
+
+    return on_round
 
 
 if __name__ == "__main__":
