@@ -244,6 +244,13 @@ def test_federated_features_state_round_trip():
         FederatedFeatures(3, 5, 2, torch.Generator()).load_state_dict(a.state_dict())
 
 
+def test_feature_init_std_scales_the_initial_draw():
+    unit = FederatedFeatures(3, 50, 4, torch.Generator().manual_seed(0))
+    small = FederatedFeatures(3, 50, 4, torch.Generator().manual_seed(0), init_std=0.1)
+    assert torch.allclose(small.features, unit.features * 0.1)
+    assert 0.8 < float(unit.features.std()) < 1.2
+
+
 # --- re-training -------------------------------------------------------------------------------
 
 

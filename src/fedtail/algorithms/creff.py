@@ -77,6 +77,9 @@ class CReFFConfig(AlgorithmConfig):
     # with the feature size, and 3136-d cnn-fmnist features need about 100
     # (benchmarks/mupfl/feature_matching_validation.py).
     match_lr: float = Field(0.1, gt=0, description="learning rate of feature matching")
+    # The authors draw N(0, 1); with C·m features in D > C·m dimensions the re-trained classifier
+    # can fit that noise (benchmarks/mupfl/feature_init_validation.py).
+    feature_init_std: float = Field(1.0, gt=0, description="std of the features' initial N(0, σ²) draw")
     retrain_epochs: int = Field(300, ge=1, description="epochs of classifier re-training per round")
     retrain_batch: int = Field(32, ge=1, description="batch size of classifier re-training")
     retrain_lr: float = Field(0.01, gt=0, description="learning rate of classifier re-training")
@@ -116,7 +119,7 @@ class CReFFServer(ServerHalf):
         generator = torch.Generator().manual_seed(ctx.seed(0xFEA7))
         self.features = FederatedFeatures(
             ctx.num_classes, model.classifier.in_features, opts.num_features, generator,
-            lr=opts.match_lr, iterations=opts.match_iterations,
+            lr=opts.match_lr, iterations=opts.match_iterations, init_std=opts.feature_init_std,
         )
         self._eval: Tensors | None = None
 

@@ -258,7 +258,7 @@ def _cosine_distance(real: torch.Tensor, syn: torch.Tensor) -> torch.Tensor:
 class FederatedFeatures:
     """m synthetic features per class, kept across rounds (MuPFL Eq. 19-20; CReFF).
 
-    Initialised once from N(0, 1) (as in the authors' code) and refined every round by
+    Initialised once from N(0, σ²), σ = ``init_std`` (1 in the authors' code), and refined every round by
     :meth:`match`, which runs plain SGD on the features so that the classifier gradient each
     class's features induce matches the aggregated real gradient in cosine distance:
 
@@ -277,12 +277,16 @@ class FederatedFeatures:
         *,
         lr: float = 0.1,
         iterations: int = 100,
+        init_std: float = 1.0,
     ) -> None:
         self.num_classes = int(num_classes)
         self.per_class = int(per_class)
         self.lr = float(lr)
         self.iterations = int(iterations)
-        self.features = torch.randn(num_classes * per_class, feature_dim, generator=generator)
+        # With fewer features than dimensions (C·m < D), unit-variance noise lets the re-trained
+        # classifier separate the features by their noise alone; a smaller σ leaves the matched
+        # directions dominant (benchmarks/mupfl/feature_init_validation.py).
+        self.features = torch.randn(num_classes * per_class, feature_dim, generator=generator) * init_std
         self.labels = torch.arange(num_classes).repeat_interleave(per_class)
 
     def loss(

@@ -200,7 +200,7 @@ def _names_option(text: Optional[str]) -> Optional[list[str]]:
 
 @app.command()
 def sweep(
-    file: Path = typer.Argument(..., help="sweep TOML file (out, seeds, jobs, [base], [settings.*], [methods.*])"),
+    file: Path = typer.Argument(..., help="sweep TOML file (out, seeds, jobs, \\[base], \\[settings.*], \\[methods.*])"),
     jobs: Optional[int] = typer.Option(None, help="runs in parallel (overrides the file's `jobs`)"),
     methods: Optional[str] = typer.Option(None, help="comma-separated subset of the file's methods"),
     settings: Optional[str] = typer.Option(None, help="comma-separated subset of the file's settings"),

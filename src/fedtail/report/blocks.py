@@ -75,6 +75,13 @@ def cells_note(reference: Reference | None, splits: list[str]) -> list[str]:
     return md + [""]
 
 
+def best_round_caveat(splits: list[str]) -> str:
+    """Why the best round is optimistic, for the data the runs were scored on."""
+    if splits and "test" not in splits:
+        return "The best round is picked on the same held-out data it is scored on, so this is an optimistic number."
+    return "Picking the best round uses test data, so this is an optimistic number."
+
+
 def accuracy_blocks(col: Collection, reference: Reference | None, level: int = 2) -> list[str]:
     """The final-round and the best-round table, each under a heading of ``level``."""
     h = "#" * level
@@ -85,7 +92,7 @@ def accuracy_blocks(col: Collection, reference: Reference | None, level: int = 2
         "",
         "For each seed, its best evaluation over all rounds (`summary.json` → `best`), then mean ± std "
         "over seeds; `@ rA–B` gives the range of the rounds at which the seeds reached their best. "
-        "Picking the best round uses test data, so this is an optimistic number.",
+        + best_round_caveat(eval_splits(col.runs)),
         "",
     ]
     return md + [accuracy_table(col, "best", reference), ""]

@@ -76,6 +76,7 @@ class MuPFLConfig(AlgorithmConfig):
     pkcf_batch: int = Field(32, ge=1)
     match_iterations: int = Field(100, ge=1, description="feature-matching SGD steps per round")
     match_lr: float = Field(0.1, gt=0, description="feature-matching lr (CReFF's 0.1; see creff.py on feature size)")
+    feature_init_std: float = Field(1.0, gt=0, description="std of the features' initial N(0, σ²) draw (CReFF's 1)")
 
     @model_validator(mode="after")
     def _range(self) -> "MuPFLConfig":
@@ -104,6 +105,7 @@ class MuPFLServer(ServerHalf):
                 generator,
                 lr=opts.match_lr,
                 iterations=opts.match_iterations,
+                init_std=opts.feature_init_std,
             )
         self.matched = False  # features are sent only once they carry knowledge
 
