@@ -306,6 +306,17 @@ def test_creff_defaults_and_validation():
         creff_config(options={"num_feature": 3})
 
 
+def test_feature_init_std_option_reaches_the_server_features():
+    unit, small = simulation(creff_config()), simulation(creff_config(options={"feature_init_std": 0.01}))
+    try:
+        assert torch.allclose(small.server.features.features, unit.server.features.features * 0.01)
+    finally:
+        unit.executor.close()
+        small.executor.close()
+    with pytest.raises(ConfigError):
+        creff_config(options={"feature_init_std": 0})
+
+
 def test_creff_evaluates_fedavg_body_with_retrained_classifier():
     rows, sim = run(creff_config(rounds=2))
     server = sim.server
