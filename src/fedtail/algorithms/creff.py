@@ -28,9 +28,10 @@ Details taken from the authors' code (the paper leaves them open; see
   θ^0 is the initial model's classifier (a default-initialised Linear, as the authors' θ^0);
 - each class gradient is the mean over 10 draws of 32 samples of the class (``grad_repeats``,
   ``grad_batch``); server aggregation is the uniform mean over holders, not sample-weighted;
-- 100 features per class from N(0, 1), initialised once and kept across rounds; 100 matching
-  iterations of SGD with lr 0.1; the loss sums 1 − cos over the weight-gradient rows plus
-  1 − cos of the bias gradients, with 1e-6 added to the norm product;
+- 100 features per class from N(0, 1) (``feature_init_std`` scales the draw: with more feature
+  dimensions than features, unit noise is separable on its own), initialised once and kept
+  across rounds; 100 matching iterations of SGD with lr 0.1; the loss sums 1 − cos over the
+  weight-gradient rows plus 1 − cos of the bias gradients, with 1e-6 added to the norm product;
 - re-training: a fresh Linear (PyTorch's default init) trained 300 epochs on all C·m features,
   batch 32, SGD lr 0.01 without momentum; classes no client has reported yet still take part
   with their initial features, as in the code.
