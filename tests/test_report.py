@@ -228,6 +228,8 @@ def test_the_evaluated_split_is_named(tmp_path):
         text = md.read_text()
         assert says in text
         assert ("evaluated on different splits" in text) == mixed
+        assert ("Picking the best round uses test data" in text) == (folders != ["v"])
+        assert ("picked on the same held-out data" in text) == (folders == ["v"])
 
 
 def test_runs_outside_a_sweep_are_grouped_by_config(tmp_path):
