@@ -19,8 +19,10 @@ from fedtail.algorithms.fedavg import FedAvgClient, FedAvgServer
 from fedtail.cli.main import app
 from fedtail.errors import ConfigError
 from fedtail.sweep import (
-    SweepLock,
+    PidLock,
+    Runner,
     busy_dirs,
+    claim_path,
     config_diff,
     load_sweep,
     run_status,
@@ -241,26 +243,76 @@ def test_stale_folder_is_an_error_and_is_not_overwritten(tmp_path):
     assert res.exit_code == 2, res.output
     assert str(run.dir) in res.output and "partition.alpha" in res.output and "--force" in res.output
     assert (run.dir / "summary.json").read_text() == summary_before
-    assert not (tmp_path / "runs" / "sweep.lock").exists()
+    assert not list((tmp_path / "runs").rglob("*.claim"))
 
 
-def test_lock_of_a_live_sweep_refuses_and_a_dead_one_is_taken_over(tmp_path):
-    path = sweep_file(tmp_path, "[methods.fedavg]\n")
-    (run,) = load_sweep(path).runs
-    fake_finished(run)  # all done: a sweep that gets the lock runs nothing
-    lock = tmp_path / "runs" / "sweep.lock"
-    lock.write_text(json.dumps({"pid": os.getpid(), "host": os.uname().nodename}))
-    res = invoke("sweep", path)
-    assert res.exit_code == 2 and "another fedtail sweep" in res.output, res.output
+def test_pid_lock_refuses_a_live_holder_and_takes_over_a_dead_one(tmp_path):
+    path = tmp_path / "x.claim"
+    mine = PidLock(path)
+    assert mine.try_acquire() is None and mine.held
+    assert PidLock(path).try_acquire() == os.getpid()  # held by a live process
+    mine.release()
+    assert not path.exists()
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    lock.write_text(json.dumps({"pid": dead.pid, "host": os.uname().nodename}))
+    path.write_text(json.dumps({"pid": dead.pid, "host": os.uname().nodename}))
+    again = PidLock(path)
+    assert again.try_acquire() is None and json.loads(path.read_text())["pid"] == os.getpid()
+    again.release()
+    path.write_text("{half-writ")  # garbage: treated as left by a dead process
+    assert PidLock(path).try_acquire() is None
+
+
+def test_a_run_claimed_by_another_live_sweep_is_skipped_and_left_alone(tmp_path):
+    path = sweep_file(tmp_path, "[methods.fedavg]\n")
+    (run,) = load_sweep(path).runs
+    claim = claim_path(run)
+    assert claim == tmp_path / "runs" / "default" / "fedavg" / ".seed0.claim"
+    claim.parent.mkdir(parents=True)
+    claim.write_text(json.dumps({"pid": os.getpid(), "host": os.uname().nodename}))
     res = invoke("sweep", path)
-    assert res.exit_code == 0, res.output
-    assert not lock.exists()
-    with SweepLock(tmp_path / "runs"):
-        with pytest.raises(ConfigError, match="another fedtail sweep"):
-            SweepLock(tmp_path / "runs").__enter__()
+    assert res.exit_code == 0, res.output  # skipped is not failed
+    assert f"skipped {run.dir}: another fedtail sweep (pid {os.getpid()}) is running it" in res.output
+    assert "0 runs finished, 0 failed, 1 skipped" in res.output
+    assert not run.dir.exists() and claim.is_file()  # the other sweep's claim is not touched
+    entry = json.loads((tmp_path / "runs" / "sweep.json").read_text())["runs"][0]
+    assert entry["status"] == "skipped" and "pid" in entry["note"]
+
+
+def test_a_run_finished_by_another_sweep_after_planning_is_skipped(tmp_path):
+    path = sweep_file(tmp_path, "[methods.fedavg]\n")
+    (run,) = load_sweep(path).runs
+    fake_finished(run)
+    outcome = Runner(1).run_one(run)  # planned as pending; found done when its turn came
+    assert outcome.skipped == "finished by another sweep meanwhile" and not outcome.ok
+    assert json.loads((run.dir / "summary.json").read_text())["final"]["personalized_acc"] == 0.5
+    assert not claim_path(run).exists()
+    fake_finished(run, **{"train.lr": 0.9})  # finished meanwhile with another config: stale
+    assert "stale when its turn came" in Runner(1).run_one(run).skipped
+    assert (run.dir / "summary.json").is_file()
+
+
+def test_sweep_json_keeps_the_runs_of_other_sweep_files_sharing_the_folder(tmp_path):
+    first = sweep_file(tmp_path, "[methods.fedavg]\n", name="first.toml")
+    second = sweep_file(tmp_path, "[methods.fedavg]\n[methods.local]\n", name="second.toml")
+    (shared,) = load_sweep(first).runs
+    fake_finished(shared)
+    record = tmp_path / "runs" / "sweep.json"
+    record.parent.mkdir(exist_ok=True)
+    news = {"dir": "default/fedavg/seed0", "status": "done", "minutes": 7.0, "final_personalized_acc": 0.5}
+    other = {"dir": "else/x/seed0", "setting": "else", "method": "x", "seed": 0, "status": "queued"}
+    record.write_text(json.dumps({"file": "first.toml", "runs": [news, other]}))
+    local = load_sweep(second).runs[1]
+    local.dir.mkdir(parents=True)  # a run of the second file that a third sweep is running
+    claim_path(local).write_text(json.dumps({"pid": os.getpid(), "host": os.uname().nodename}))
+    res = invoke("sweep", second)
+    assert res.exit_code == 0 and "1 done, 1 to run" in res.output, res.output
+    data = json.loads(record.read_text())
+    by = {r["dir"]: r for r in data["runs"]}
+    assert data["file"] == str(second) and set(by) == {"default/fedavg/seed0", "default/local/seed0", "else/x/seed0"}
+    assert by["else/x/seed0"] == other  # another plan's run is kept as that sweep wrote it
+    assert by["default/fedavg/seed0"]["minutes"] == 7.0 and by["default/fedavg/seed0"]["status"] == "done"
+    assert by["default/local/seed0"]["status"] == "skipped"
 
 
 @pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="needs /proc")
@@ -323,7 +375,7 @@ def test_sweep_runs_everything_and_writes_sweep_json(swept):
     assert all(0 <= r["final_personalized_acc"] <= 1 and r["minutes"] > 0 for r in plan["runs"])
     assert "machine" in plan and plan["command"].startswith("fedtail sweep")
     assert output.count("done ") >= 2 and "final" in output and "min" in output
-    assert not (out / "sweep.lock").exists()
+    assert not list(out.rglob("*.claim"))  # claims end with their runs
     log = (out / "a05" / "fedavg" / "seed0" / "run.log").read_text()
     assert re.search(r"^round 1/1: personalized_acc 0\.\d{4}, \d+ s$", log, re.M), log
     for run in load_sweep(path).runs:  # the written config equals the planned one

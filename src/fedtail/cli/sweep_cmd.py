@@ -21,7 +21,6 @@ from fedtail.sweep import (
     Runner,
     RunStatus,
     Sweep,
-    SweepLock,
     SweepRecord,
     busy_dirs,
     check_stale,
@@ -37,6 +36,8 @@ from fedtail.sweep.record import personalized_acc
 def describe_outcome(outcome: RunOutcome) -> str:
     """One line of Rich markup per finished run."""
     where = escape(str(outcome.run.dir))
+    if outcome.skipped:
+        return f"[yellow]skipped[/] {where}: {escape(outcome.skipped)}"
     if not outcome.ok:
         return f"[red]failed[/] {where} after {outcome.minutes:.1f} min"
     s = outcome.summary or {}
@@ -82,7 +83,7 @@ def execute(
             progress.advance(task)
 
         try:
-            outcomes = Runner(jobs).map(todo, on_done)
+            outcomes = Runner(jobs, force).map(todo, on_done)
         except BaseException:
             record.interrupt(todo)
             raise
@@ -120,8 +121,8 @@ def sweep_command(
 ) -> int:
     """``fedtail sweep``: 0 when every selected run is finished, 1 when a run failed.
 
-    Bad input (the file, a stale folder, another sweep holding the lock) raises ConfigError
-    before any run starts.
+    Bad input (the file, a stale folder) raises ConfigError before any run starts. Other sweeps
+    may share the output folder: a run another sweep has started or finished is skipped.
     """
     if jobs is not None and jobs < 1:
         raise ConfigError(f"--jobs must be >= 1 (got {jobs})")
@@ -139,28 +140,30 @@ def sweep_command(
             argv += [flag, ",".join(value) if isinstance(value, list) else str(value)]
     argv += ["--force"] if force else []
     say = lambda text: console.print(text, highlight=False, soft_wrap=True)  # noqa: E731
-    with SweepLock(plan.out):
-        busy = busy_dirs()
-        statuses = [run_status(r, busy) for r in plan.runs]
-        selected = plan.selected_dirs()
-        check_stale([s for s in statuses if s.run.dir in selected], force)
-        counts = count(statuses, plan)
-        todo = counts["pending"] + (counts["stale"] if force else 0)
-        say(
-            escape(
-                f"sweep {file}: {len(plan.selected)} runs, {counts['done']} done, {todo} to run, "
-                f"{n_jobs} in parallel -> {plan.out}"
-            )
+    busy = busy_dirs()
+    statuses = [run_status(r, busy) for r in plan.runs]
+    selected = plan.selected_dirs()
+    check_stale([s for s in statuses if s.run.dir in selected], force)
+    counts = count(statuses, plan)
+    todo = counts["pending"] + (counts["stale"] if force else 0)
+    say(
+        escape(
+            f"sweep {file}: {len(plan.selected)} runs, {counts['done']} done, {todo} to run, "
+            f"{n_jobs} in parallel -> {plan.out}"
         )
-        note = oversubscription(plan, n_jobs)
-        if note:
-            say(f"[yellow]warning:[/] {escape(note)}")
-        for st in statuses:
-            if st.state == "busy" and st.run.dir in selected:
-                say(f"[yellow]warning:[/] {escape(str(st.run.dir))}: {escape(st.note)}")
-        outcomes = execute(plan, statuses, jobs=n_jobs, command=shlex.join(argv), console=console, force=force)
-    failed = [o for o in outcomes if not o.ok]
+    )
+    note = oversubscription(plan, n_jobs)
+    if note:
+        say(f"[yellow]warning:[/] {escape(note)}")
+    for st in statuses:
+        if st.state == "busy" and st.run.dir in selected:
+            say(f"[yellow]warning:[/] {escape(str(st.run.dir))}: {escape(st.note)}")
+    outcomes = execute(plan, statuses, jobs=n_jobs, command=shlex.join(argv), console=console, force=force)
+    failed = [o for o in outcomes if not o.ok and not o.skipped]
+    skipped = [o for o in outcomes if o.skipped]
     for o in failed:
         say(f"[bold red]failed:[/] {escape(str(o.run.dir))}\n{escape(o.error)}")
-    say(escape(f"{len(outcomes) - len(failed)} runs finished, {len(failed)} failed; plan in {plan.out / 'sweep.json'}"))
+    finished = len(outcomes) - len(failed) - len(skipped)
+    also = f", {len(skipped)} skipped (another sweep has them)" if skipped else ""
+    say(escape(f"{finished} runs finished, {len(failed)} failed{also}; plan in {plan.out / 'sweep.json'}"))
     return 1 if failed else 0

@@ -36,13 +36,15 @@ config (ignoring :data:`~fedtail.sweep.status.IGNORED_KEYS`, which do not change
 *done* and skipped; a folder without ``summary.json`` (killed or failed run) is *pending*: it
 is cleared and rerun; a finished folder with a different config is *stale*: an error unless
 ``force``; an unfinished folder named on the command line of a live process (a ``fedtail run``
-writing it) is *busy* and left alone. ``{out}/sweep.lock`` keeps two sweeps off the same folder.
+writing it) is *busy* and left alone. Several sweeps may share ``out``: each run is claimed
+(``.seed{k}.claim`` beside its folder, removed when it ends) and its folder checked again just
+before it starts, so a run another sweep has started or finished meanwhile is *skipped*.
 
 Each run executes in its own process (``python -m fedtail.sweep.runone DIR``, the config on
 stdin, output in ``DIR/run.log``), so one crashing run does not stop the others.
 
 Modules: :mod:`~fedtail.sweep.spec` (the file and the plan), :mod:`~fedtail.sweep.status`
-(folders on disk, the lock), :mod:`~fedtail.sweep.record` (``sweep.json``),
+(folders on disk, the run claims), :mod:`~fedtail.sweep.record` (``sweep.json``),
 :mod:`~fedtail.sweep.pool` (runs in subprocesses), :mod:`~fedtail.sweep.runone` (one run).
 The console output (the plan table, progress, one line per run) belongs to ``fedtail sweep``.
 """
@@ -51,10 +53,11 @@ from fedtail.sweep.pool import RunOutcome, Runner, oversubscription
 from fedtail.sweep.record import SweepRecord
 from fedtail.sweep.spec import PlannedRun, Sweep, load_sweep
 from fedtail.sweep.status import (
+    PidLock,
     RunStatus,
-    SweepLock,
     busy_dirs,
     check_stale,
+    claim_path,
     config_diff,
     count,
     run_status,
@@ -62,15 +65,16 @@ from fedtail.sweep.status import (
 )
 
 __all__ = [
+    "PidLock",
     "PlannedRun",
     "RunOutcome",
     "RunStatus",
     "Runner",
     "Sweep",
-    "SweepLock",
     "SweepRecord",
     "busy_dirs",
     "check_stale",
+    "claim_path",
     "config_diff",
     "count",
     "load_sweep",

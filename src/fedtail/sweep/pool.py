@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from fedtail.sweep.spec import PlannedRun, Sweep
+from fedtail.sweep.status import PidLock, busy_dirs, claim_path, run_status
 
 LOG_NAME = "run.log"
 RUNONE = "fedtail.sweep.runone"
@@ -31,6 +32,7 @@ class RunOutcome:
     minutes: float
     summary: dict[str, Any] | None = None
     error: str = ""
+    skipped: str = ""  # why the run was not started (another sweep has it or finished it): not a failure
 
 
 def tail(path: Path, lines: int = 8) -> str:
@@ -43,10 +45,16 @@ def tail(path: Path, lines: int = 8) -> str:
 
 
 class Runner:
-    """Runs planned runs in subprocesses, at most ``jobs`` at a time."""
+    """Runs planned runs in subprocesses, at most ``jobs`` at a time.
 
-    def __init__(self, jobs: int) -> None:
+    Each run is claimed (:class:`~fedtail.sweep.status.PidLock` on ``.seed{k}.claim``) and its
+    folder checked again just before it starts, because another sweep sharing the output folder
+    may have started or finished it since this sweep made its plan.
+    """
+
+    def __init__(self, jobs: int, force: bool = False) -> None:
         self.jobs = jobs
+        self.force = force
         self.procs: dict[Path, subprocess.Popen] = {}
         self.lock = threading.Lock()
         self.stopped = threading.Event()
@@ -57,9 +65,24 @@ class Runner:
         return env
 
     def run_one(self, run: PlannedRun) -> RunOutcome:
-        start = time.perf_counter()
         if self.stopped.is_set():
             return RunOutcome(run, False, 0.0, error="not started (sweep interrupted)")
+        claim = PidLock(claim_path(run))
+        holder = claim.try_acquire()
+        if holder is not None:
+            return RunOutcome(run, False, 0.0, skipped=f"another fedtail sweep (pid {holder}) is running it")
+        try:
+            st = run_status(run, busy_dirs())
+            if st.state == "done":
+                return RunOutcome(run, False, 0.0, skipped="finished by another sweep meanwhile")
+            if st.state == "busy" or (st.state == "stale" and not self.force):
+                return RunOutcome(run, False, 0.0, skipped=f"{st.state} when its turn came: {st.note}")
+            return self._execute(run)
+        finally:
+            claim.release()
+
+    def _execute(self, run: PlannedRun) -> RunOutcome:
+        start = time.perf_counter()
         if run.dir.exists():
             shutil.rmtree(run.dir)
         run.dir.mkdir(parents=True)

@@ -1,12 +1,19 @@
 """``{out}/sweep.json``: the plan (every run of the file) and the status of each run.
 
-Statuses: done / pending / stale / busy (from the folders), then queued, failed or
+Statuses: done / pending / stale / busy (from the folders), then queued, failed, skipped or
 interrupted as the sweep goes; finished runs keep their minutes and accuracies.
+
+Several sweeps (of one file or of several) may share ``{out}``. Each write re-reads the file
+under an exclusive ``flock`` and keeps the runs of the other plans, and, for runs of this plan
+that this sweep did not run itself, what another sweep recorded about them; the header (file,
+command, jobs, machine, times) is the last writer's.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -16,6 +23,38 @@ from fedtail.report.runfiles import write_json
 from fedtail.sweep.pool import RunOutcome
 from fedtail.sweep.spec import ORDER, PlannedRun, Sweep
 from fedtail.sweep.status import RunStatus, now
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: concurrent sweeps on one folder may lose each other's entries
+    fcntl = None  # type: ignore[assignment]
+
+# Another sweep's news about a run this sweep did not run replaces what this sweep knows: by the
+# state of this sweep's entry, the states of the file's entry that are news. (A skipped run's
+# "queued" in the file is this sweep's own earlier write.)
+_NEWS = {"pending": {"queued", "done", "failed"}, "busy": {"queued", "done", "failed"}, "skipped": {"done", "failed"}}
+
+
+@contextlib.contextmanager
+def _folder_lock(folder: Path):
+    """An exclusive ``flock`` on the folder itself (released when the process dies)."""
+    if fcntl is None:
+        yield
+        return
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def _read_runs(path: Path) -> dict[str, dict[str, Any]]:
+    try:
+        old = json.loads(path.read_text())
+        return {r["dir"]: r for r in old.get("runs", []) if isinstance(r, dict) and "dir" in r}
+    except (OSError, ValueError, AttributeError, TypeError):
+        return {}
 
 _KEPT = ("minutes", "final_personalized_acc", "best_personalized_acc")
 
@@ -35,12 +74,8 @@ class SweepRecord:
         self.sweep = sweep
         self.path = sweep.out / "sweep.json"
         self.lock = threading.Lock()
-        previous: dict[str, dict[str, Any]] = {}
-        try:
-            old = json.loads(self.path.read_text())
-            previous = {r["dir"]: r for r in old.get("runs", []) if isinstance(r, dict) and "dir" in r}
-        except (OSError, ValueError, AttributeError):
-            pass
+        self.owned: set[str] = set()  # runs this sweep queued and did not skip
+        previous = _read_runs(self.path)
         selected = sweep.selected_dirs()
         self.entries: dict[Path, dict[str, Any]] = {}
         for st in statuses:
@@ -81,7 +116,11 @@ class SweepRecord:
     def update(self, outcome: RunOutcome | None = None, status: str | None = None) -> None:
         """Record a finished run (if given) and write the file."""
         with self.lock:
-            if outcome is not None:
+            if outcome is not None and outcome.skipped:
+                entry = self.entries[outcome.run.dir]
+                entry["status"], entry["note"] = "skipped", outcome.skipped
+                self.owned.discard(entry["dir"])
+            elif outcome is not None:
                 entry = self.entries[outcome.run.dir]
                 entry["status"] = status or ("done" if outcome.ok else "failed")
                 entry["minutes"] = round(outcome.minutes, 3)
@@ -94,7 +133,22 @@ class SweepRecord:
                     entry["error"] = outcome.error
             self.data["updated"] = now()
             self.sweep.out.mkdir(parents=True, exist_ok=True)
-            write_json(self.path, self.data | {"runs": list(self.entries.values())})
+            with _folder_lock(self.sweep.out):
+                write_json(self.path, self.data | {"runs": self._merged(_read_runs(self.path))})
+
+    def _merged(self, on_disk: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+        """This plan's entries (another sweep's news where it has some), then the other plans' runs."""
+        mine = []
+        for entry in self.entries.values():
+            theirs = on_disk.pop(entry["dir"], None)
+            if (
+                theirs is not None
+                and entry["dir"] not in self.owned
+                and theirs.get("status") in _NEWS.get(entry["status"], ())
+            ):
+                entry = theirs | {"selected": entry["selected"]}
+            mine.append(entry)
+        return mine + list(on_disk.values())
 
     def mark(self, run: PlannedRun, status: str) -> None:
         with self.lock:
@@ -104,6 +158,7 @@ class SweepRecord:
         """Mark ``runs`` queued and write the file (before any of them starts)."""
         for run in runs:
             self.mark(run, "queued")
+            self.owned.add(run.dir.relative_to(self.sweep.out).as_posix())
         self.update()
 
     def interrupt(self, runs: list[PlannedRun]) -> None:

@@ -1,4 +1,4 @@
-"""The run folders on disk: done, pending, stale or busy; and ``{out}/sweep.lock``.
+"""The run folders on disk: done, pending, stale or busy; and the claim of a run being run.
 
 A folder whose ``summary.json`` exists and whose ``config.json`` equals the planned config
 (ignoring :data:`IGNORED_KEYS`) is *done*; a finished folder with another config is *stale*;
@@ -136,14 +136,20 @@ def to_run(statuses: list[RunStatus], sweep: Sweep, force: bool) -> list[Planned
     ]
 
 
-class SweepLock:
-    """``{out}/sweep.lock``: one sweep at a time per folder (a lock of a dead process is taken over)."""
+class PidLock:
+    """A file created exclusively that holds its owner's pid; the file of a dead owner is taken over.
 
-    def __init__(self, out: Path) -> None:
-        self.path = out / "sweep.lock"
+    Used as ``DIR.claim`` beside each run folder while a sweep runs it (:func:`claim_path`), so
+    several sweeps (of one file or of several) can share an output folder without running a
+    run twice. Same host only: a lock written on another host is never taken over.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
         self.held = False
 
-    def __enter__(self) -> "SweepLock":
+    def try_acquire(self) -> int | None:
+        """None when acquired, else the pid of the live process holding the lock."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         host = os.uname().nodename if hasattr(os, "uname") else ""
         for _ in range(2):
@@ -154,24 +160,26 @@ class SweepLock:
                     other = json.loads(self.path.read_text())
                     pid, other_host = int(other["pid"]), other.get("host", "")
                 except (OSError, ValueError, KeyError, TypeError):
-                    pid, other_host = -1, host
-                if pid > 0 and other_host == host and _alive(pid):
-                    raise ConfigError(
-                        f"another fedtail sweep (pid {pid}) is running on {self.path.parent}; "
-                        f"wait for it or stop it (if it is gone, delete {self.path})"
-                    ) from None
-                self.path.unlink(missing_ok=True)  # left by a dead sweep
+                    pid, other_host = -1, host  # half-written or garbage: treated as dead
+                if pid > 0 and (other_host != host or _alive(pid)):
+                    return pid
+                self.path.unlink(missing_ok=True)  # left by a dead process
                 continue
             with os.fdopen(fd, "w") as fh:
                 json.dump({"pid": os.getpid(), "host": host, "started": now()}, fh)
             self.held = True
-            return self
+            return None
         raise ConfigError(f"could not create {self.path}")
 
-    def __exit__(self, *exc: Any) -> None:
+    def release(self) -> None:
         if self.held:
             self.path.unlink(missing_ok=True)
             self.held = False
+
+
+def claim_path(run: PlannedRun) -> Path:
+    """``{setting}/{method}/.seed{k}.claim``: exists while a sweep runs that run."""
+    return run.dir.with_name(f".{run.dir.name}.claim")
 
 
 def _alive(pid: int) -> bool:
