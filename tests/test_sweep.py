@@ -382,6 +382,14 @@ def test_sweep_runs_everything_and_writes_sweep_json(swept):
         assert run_status(run).state == "done"
 
 
+def test_a_sweep_with_nothing_to_run_leaves_sweep_json_alone(swept):
+    path, out, _ = swept
+    before = (out / "sweep.json").read_bytes()
+    res = invoke("sweep", path, "--jobs", "2")
+    assert res.exit_code == 0 and "2 done, 0 to run" in res.output, res.output
+    assert (out / "sweep.json").read_bytes() == before  # keeps the command and times of the real sweep
+
+
 def test_resume_reruns_only_the_unfinished_run(swept, tmp_path):
     path, out, _ = swept
     copy = tmp_path / "runs"

@@ -58,12 +58,12 @@ def execute(
     console: Any,
     force: bool = False,
 ) -> list[RunOutcome]:
-    """Run the selected pending (and, with ``force``, stale) runs; writes ``{out}/sweep.json``."""
+    """Run the selected pending (and, with ``force``, stale) runs; writes ``{out}/sweep.json`` if any."""
     todo = to_run(statuses, sweep, force)
+    if not todo:  # nothing changes: sweep.json keeps the record of the sweep that ran the runs
+        return []
     record = SweepRecord(sweep, statuses, command, jobs)
     record.queue(todo)
-    if not todo:
-        return []
     progress = Progress(
         TextColumn("[bold]runs"),
         MofNCompleteColumn(),
