@@ -456,6 +456,20 @@ def test_sweep_sections_with_reference(two_sweeps, tmp_path):
     assert table(section(text, "b.toml"), BEST)["variant"]["s-x (paper)"] == "90.00"
     assert "in these sweeps: s-z / fedavg" in text
 
+    # b.toml's section has its own paper number for the shared method (an ablation table's row)
+    ref.write_text(
+        ref.read_text() + "[sections.b.s-x]\nfedavg = 70.25\n[sections.a.s-q]\nzeta = 3\n[sections.nofile.s-x]\nzeta = 4\n"
+    )
+    assert invoke("report", "--sweep", a, "--sweep", b, "--out", md, "--reference", ref).exit_code == 0
+    text = md.read_text()
+    assert table(section(text, "b.toml"), FINAL)["fedavg"]["s-x (paper)"] == "70.25"
+    assert table(section(text, "b.toml"), FINAL)["variant"]["s-x (paper)"] == "90.00"  # the rest still applies
+    assert table(section(text, "Table A: baselines"), FINAL)["fedavg"]["s-x (paper)"] == "80.50"
+    assert "a: s-q / zeta" in text and "nofile: s-x / zeta" in text  # listed as unmatched
+    ref.write_text("[reference.s-x]\nfedavg = 1\n[sections.b.s-x]\nfedavg = 101\n")
+    res = invoke("report", "--sweep", a, "--sweep", b, "--out", tmp_path / "bad.md", "--reference", ref)
+    assert res.exit_code == 2 and "sections.b.s-x.fedavg must be a percentage" in res.output, res.output
+
 
 def test_sweep_title_is_the_first_leading_comment(tmp_path):
     f = tmp_path / "t.toml"

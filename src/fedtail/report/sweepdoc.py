@@ -230,7 +230,7 @@ def _markdown(
             f"{_count(sw.settings, 'setting')} × {_count(sw.seeds, 'seed')}).",
             "",
         ]
-        md += accuracy_blocks(sec.col, reference, level=3)
+        md += accuracy_blocks(sec.col, reference.for_section(sec.file.stem) if reference else None, level=3)
         md += incomplete_block(sec.col, level=3)
         md += figures_block(figures, out, level=3, notes=notes)
 
@@ -241,6 +241,14 @@ def _markdown(
             for s, methods in reference.values.items()
             for m in methods
             if not any(s in sec.col.settings and m in sec.col.methods for sec in sections)
+        ]
+        stems = {sec.file.stem: sec for sec in sections}
+        unused += [
+            f"{stem}: {s} / {m}"
+            for stem, per_setting in reference.sections.items()
+            for s, methods in per_setting.items()
+            for m in methods
+            if stem not in stems or not (s in stems[stem].col.settings and m in stems[stem].col.methods)
         ]
         if unused:
             md += ["Reference numbers without a matching setting/method in these sweeps: " + ", ".join(unused), ""]

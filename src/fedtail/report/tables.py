@@ -79,6 +79,9 @@ class Reference:
     values: dict[str, dict[str, float]]  # setting -> method -> percent
     source: str | None = None
     metric: str = "both"  # which table(s) the numbers sit beside: final | best | both
+    # sweep file stem -> setting -> method -> percent: where one sweep file's section (e.g. an
+    # ablation table) has its own number for a method that another section shares
+    sections: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
 
     def get(self, setting: str, method: str) -> float | None:
         return self.values.get(setting, {}).get(method)
@@ -86,12 +89,40 @@ class Reference:
     def applies(self, which: str) -> bool:
         return self.metric in ("both", which)
 
+    def for_section(self, stem: str) -> "Reference":
+        """The numbers of the sweep file ``stem``'s section: ``[sections.STEM.SETTING]`` over the rest."""
+        override = self.sections.get(stem)
+        if not override:
+            return self
+        values = {s: dict(m) for s, m in self.values.items()}
+        for setting, methods in override.items():
+            values.setdefault(setting, {}).update(methods)
+        return Reference(values, self.source, self.metric)
 
-REFERENCE_KEYS = ("reference", "source", "metric")
+
+REFERENCE_KEYS = ("reference", "sections", "source", "metric")
+
+
+def _percentages(path: Path, where: str, table: Any) -> dict[str, dict[str, float]]:
+    """``{SETTING: {METHOD: percent}}`` from the TOML table at ``where``, validated."""
+    if not isinstance(table, dict) or not table:
+        raise ConfigError(f"--reference {path}: expected [{where}.SETTING] tables of METHOD = percent")
+    values: dict[str, dict[str, float]] = {}
+    for setting, methods in table.items():
+        if not isinstance(methods, dict):
+            raise ConfigError(f"--reference {path}: {where}.{setting} must be a table of METHOD = percent")
+        for method, value in methods.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 100:
+                raise ConfigError(
+                    f"--reference {path}: {where}.{setting}.{method} must be a percentage in [0, 100] (got {value!r})"
+                )
+            values.setdefault(str(setting), {})[str(method)] = float(value)
+    return values
 
 
 def load_reference(path: Path) -> Reference:
-    """REF.toml: ``[reference.SETTING] METHOD = percent``; optional ``source``, ``metric``."""
+    """REF.toml: ``[reference.SETTING] METHOD = percent``; optional ``source``, ``metric`` and
+    ``[sections.SWEEP_FILE_STEM.SETTING] METHOD = percent`` (that sweep file's section only)."""
     try:
         with open(path, "rb") as fh:
             raw = tomllib.load(fh)
@@ -102,24 +133,16 @@ def load_reference(path: Path) -> Reference:
     unknown = sorted(set(raw) - set(REFERENCE_KEYS))
     if unknown:
         raise ConfigError(f"--reference {path}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(REFERENCE_KEYS)}")
-    table = raw.get("reference")
-    if not isinstance(table, dict) or not table:
-        raise ConfigError(f"--reference {path}: expected [reference.SETTING] tables of METHOD = percent")
-    values: dict[str, dict[str, float]] = {}
-    for setting, methods in table.items():
-        if not isinstance(methods, dict):
-            raise ConfigError(f"--reference {path}: reference.{setting} must be a table of METHOD = percent")
-        for method, value in methods.items():
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 100:
-                raise ConfigError(
-                    f"--reference {path}: reference.{setting}.{method} must be a percentage in [0, 100] (got {value!r})"
-                )
-            values.setdefault(str(setting), {})[str(method)] = float(value)
+    values = _percentages(path, "reference", raw.get("reference"))
+    sections_raw = raw.get("sections", {})
+    if not isinstance(sections_raw, dict):
+        raise ConfigError(f"--reference {path}: sections must be [sections.SWEEP_FILE_STEM.SETTING] tables")
+    sections = {str(stem): _percentages(path, f"sections.{stem}", t) for stem, t in sections_raw.items()}
     metric = raw.get("metric", "both")
     if metric not in ("final", "best", "both"):
         raise ConfigError(f"--reference {path}: metric must be final, best or both (got {metric!r})")
     source = raw.get("source")
-    return Reference(values, str(source) if source is not None else None, metric)
+    return Reference(values, str(source) if source is not None else None, metric, sections)
 
 
 # ---------------------------------------------------------------------------------------------
