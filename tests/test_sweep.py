@@ -20,7 +20,9 @@ from fedtail.cli.main import app
 from fedtail.errors import ConfigError
 from fedtail.sweep import (
     PidLock,
+    RunOutcome,
     Runner,
+    SweepRecord,
     busy_dirs,
     claim_path,
     config_diff,
@@ -382,6 +384,30 @@ def test_sweep_runs_everything_and_writes_sweep_json(swept):
         assert run_status(run).state == "done"
 
 
+def test_sweep_json_keeps_what_was_set_last_when_two_sweeps_share_runs(tmp_path):
+    path = sweep_file(tmp_path, "[methods.fedavg]\n[methods.local]\n")
+    sweep = load_sweep(path)
+    statuses = [run_status(r) for r in sweep.runs]
+    first, second = SweepRecord(sweep, statuses, "first", 1), SweepRecord(sweep, statuses, "second", 1)
+    one, two = sweep.runs
+    summary = {"final": {"personalized_acc": 0.5}, "best": {"personalized_acc": 0.6}}
+    file = sweep.out / "sweep.json"
+
+    def states() -> dict[str, tuple]:
+        return {r["dir"]: (r["status"], r.get("minutes")) for r in json.loads(file.read_text())["runs"]}
+
+    first.queue([one, two])
+    second.queue([one, two])
+    second.update(RunOutcome(one, False, 0.0, skipped="another fedtail sweep (pid 1) is running it"))
+    second.update(RunOutcome(two, True, 3.0, summary))
+    assert states() == {"default/fedavg/seed0": ("skipped", None), "default/local/seed0": ("done", 3.0)}
+    first.update(RunOutcome(one, True, 2.0, summary))  # its entry of `two` ("queued") is older news
+    assert states() == {"default/fedavg/seed0": ("done", 2.0), "default/local/seed0": ("done", 3.0)}
+    first.update(RunOutcome(two, False, 0.0, summary, skipped="finished by another sweep meanwhile"))
+    second.update()
+    assert states() == {"default/fedavg/seed0": ("done", 2.0), "default/local/seed0": ("done", 3.0)}
+
+
 def test_a_sweep_with_nothing_to_run_leaves_sweep_json_alone(swept):
     path, out, _ = swept
     before = (out / "sweep.json").read_bytes()
@@ -424,6 +450,22 @@ def test_two_jobs_give_the_same_results_as_one(swept, tmp_path):
     assert res.exit_code == 0, res.output
     assert json.loads((tmp_path / "par" / "sweep.json").read_text())["jobs"] == 2
     assert results(tmp_path / "par") == results(out)
+
+
+def test_two_concurrent_sweeps_share_a_folder_and_run_each_run_once(swept, tmp_path):
+    path, out, _ = swept
+    shared = tmp_path / "shared"
+    cmd = [sys.executable, "-m", "fedtail.cli.main", "sweep", str(path), "--out", str(shared), "--jobs", "1"]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+    outputs = [p.communicate(timeout=600)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    text = "\n".join(outputs)
+    assert text.count("done ") == 2, text  # each of the 2 runs was run by exactly one sweep
+    assert "failed" not in text.replace("0 failed", "")
+    assert results(shared) == results(out)  # and gives what a single sweep gives
+    plan = json.loads((shared / "sweep.json").read_text())
+    assert sorted(r["status"] for r in plan["runs"]) == ["done", "done"], plan["runs"]
+    assert not list(shared.rglob("*.claim"))
 
 
 def test_report_of_a_real_sweep(swept, tmp_path):

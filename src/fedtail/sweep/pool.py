@@ -32,7 +32,9 @@ class RunOutcome:
     minutes: float
     summary: dict[str, Any] | None = None
     error: str = ""
-    skipped: str = ""  # why the run was not started (another sweep has it or finished it): not a failure
+    # why the run was not started (another sweep has it, or finished it: then ``summary`` is that
+    # run's); not a failure
+    skipped: str = ""
 
 
 def tail(path: Path, lines: int = 8) -> str:
@@ -74,7 +76,11 @@ class Runner:
         try:
             st = run_status(run, busy_dirs())
             if st.state == "done":
-                return RunOutcome(run, False, 0.0, skipped="finished by another sweep meanwhile")
+                try:
+                    summary = json.loads((run.dir / "summary.json").read_text())
+                except (OSError, ValueError):
+                    summary = None
+                return RunOutcome(run, False, 0.0, summary, skipped="finished by another sweep meanwhile")
             if st.state == "busy" or (st.state == "stale" and not self.force):
                 return RunOutcome(run, False, 0.0, skipped=f"{st.state} when its turn came: {st.note}")
             return self._execute(run)

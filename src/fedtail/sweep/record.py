@@ -4,9 +4,9 @@ Statuses: done / pending / stale / busy (from the folders), then queued, failed,
 interrupted as the sweep goes; finished runs keep their minutes and accuracies.
 
 Several sweeps (of one file or of several) may share ``{out}``. Each write re-reads the file
-under an exclusive ``flock`` and keeps the runs of the other plans, and, for runs of this plan
-that this sweep did not run itself, what another sweep recorded about them; the header (file,
-command, jobs, machine, times) is the last writer's.
+under an exclusive ``flock`` and keeps the runs of the other plans; for a run in both, the entry
+set last wins (each entry's ``at``, UTC to the millisecond). The header (file, command, jobs,
+machine, times) is the last writer's.
 """
 
 from __future__ import annotations
@@ -22,18 +22,14 @@ from fedtail.report.machine import machine_info
 from fedtail.report.runfiles import write_json
 from fedtail.sweep.pool import RunOutcome
 from fedtail.sweep.spec import ORDER, PlannedRun, Sweep
+from datetime import datetime, timezone
+
 from fedtail.sweep.status import RunStatus, now
 
 try:
     import fcntl
 except ImportError:  # not POSIX: concurrent sweeps on one folder may lose each other's entries
     fcntl = None  # type: ignore[assignment]
-
-# Another sweep's news about a run this sweep did not run replaces what this sweep knows: by the
-# state of this sweep's entry, the states of the file's entry that are news. (A skipped run's
-# "queued" in the file is this sweep's own earlier write.)
-_NEWS = {"pending": {"queued", "done", "failed"}, "busy": {"queued", "done", "failed"}, "skipped": {"done", "failed"}}
-
 
 @contextlib.contextmanager
 def _folder_lock(folder: Path):
@@ -47,6 +43,11 @@ def _folder_lock(folder: Path):
         yield
     finally:
         os.close(fd)  # closing releases the lock
+
+
+def _stamp() -> str:
+    """When an entry's status was set: UTC, to the millisecond (compared as text)."""
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
 
 
 def _read_runs(path: Path) -> dict[str, dict[str, Any]]:
@@ -74,7 +75,6 @@ class SweepRecord:
         self.sweep = sweep
         self.path = sweep.out / "sweep.json"
         self.lock = threading.Lock()
-        self.owned: set[str] = set()  # runs this sweep queued and did not skip
         previous = _read_runs(self.path)
         selected = sweep.selected_dirs()
         self.entries: dict[Path, dict[str, Any]] = {}
@@ -90,6 +90,7 @@ class SweepRecord:
                 "dir": rel,
                 "status": st.state,
                 "selected": run.dir in selected,
+                "at": _stamp(),
             }
             old = previous.get(rel, {})
             if st.state == "done":
@@ -116,13 +117,20 @@ class SweepRecord:
     def update(self, outcome: RunOutcome | None = None, status: str | None = None) -> None:
         """Record a finished run (if given) and write the file."""
         with self.lock:
-            if outcome is not None and outcome.skipped:
+            if outcome is not None and outcome.skipped and outcome.summary is None:
                 entry = self.entries[outcome.run.dir]
-                entry["status"], entry["note"] = "skipped", outcome.skipped
-                self.owned.discard(entry["dir"])
+                entry["status"], entry["note"], entry["at"] = "skipped", outcome.skipped, _stamp()
+            elif outcome is not None and outcome.skipped:
+                # finished by another sweep: its results, and the "at" of this sweep's last news, so
+                # that the other sweep's own entry (with the run's minutes) wins where it wrote one
+                entry = self.entries[outcome.run.dir]
+                entry.update(status="done", note=outcome.skipped)
+                entry["final_personalized_acc"] = personalized_acc(outcome.summary, "final")
+                entry["best_personalized_acc"] = personalized_acc(outcome.summary, "best")
             elif outcome is not None:
                 entry = self.entries[outcome.run.dir]
                 entry["status"] = status or ("done" if outcome.ok else "failed")
+                entry["at"] = _stamp()
                 entry["minutes"] = round(outcome.minutes, 3)
                 entry.pop("note", None)
                 if outcome.ok:
@@ -137,28 +145,23 @@ class SweepRecord:
                 write_json(self.path, self.data | {"runs": self._merged(_read_runs(self.path))})
 
     def _merged(self, on_disk: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-        """This plan's entries (another sweep's news where it has some), then the other plans' runs."""
+        """This plan's entries (another sweep's where it set one later), then the other plans' runs."""
         mine = []
         for entry in self.entries.values():
             theirs = on_disk.pop(entry["dir"], None)
-            if (
-                theirs is not None
-                and entry["dir"] not in self.owned
-                and theirs.get("status") in _NEWS.get(entry["status"], ())
-            ):
+            if theirs is not None and str(theirs.get("at", "")) > entry["at"]:
                 entry = theirs | {"selected": entry["selected"]}
             mine.append(entry)
         return mine + list(on_disk.values())
 
     def mark(self, run: PlannedRun, status: str) -> None:
         with self.lock:
-            self.entries[run.dir]["status"] = status
+            self.entries[run.dir].update(status=status, at=_stamp())
 
     def queue(self, runs: list[PlannedRun]) -> None:
         """Mark ``runs`` queued and write the file (before any of them starts)."""
         for run in runs:
             self.mark(run, "queued")
-            self.owned.add(run.dir.relative_to(self.sweep.out).as_posix())
         self.update()
 
     def interrupt(self, runs: list[PlannedRun]) -> None:
@@ -166,5 +169,5 @@ class SweepRecord:
         for run in runs:
             entry = self.entries[run.dir]
             if entry["status"] == "queued":
-                entry["status"] = "interrupted"
+                entry.update(status="interrupted", at=_stamp())
         self.update()
