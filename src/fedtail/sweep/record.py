@@ -15,6 +15,7 @@ import contextlib
 import json
 import os
 import threading
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -22,14 +23,13 @@ from fedtail.report.machine import machine_info
 from fedtail.report.runfiles import write_json
 from fedtail.sweep.pool import RunOutcome
 from fedtail.sweep.spec import ORDER, PlannedRun, Sweep
-from datetime import datetime, timezone
-
 from fedtail.sweep.status import RunStatus, now
 
 try:
     import fcntl
 except ImportError:  # not POSIX: concurrent sweeps on one folder may lose each other's entries
     fcntl = None  # type: ignore[assignment]
+
 
 @contextlib.contextmanager
 def _folder_lock(folder: Path):
@@ -66,6 +66,11 @@ def personalized_acc(summary: dict[str, Any] | None, which: str) -> float | None
         return summary[which]["personalized_acc"]  # type: ignore[index]
     except (TypeError, KeyError):
         return None
+
+
+def _set_accuracies(entry: dict[str, Any], summary: dict[str, Any] | None) -> None:
+    entry["final_personalized_acc"] = personalized_acc(summary, "final")
+    entry["best_personalized_acc"] = personalized_acc(summary, "best")
 
 
 class SweepRecord:
@@ -125,8 +130,7 @@ class SweepRecord:
                 # that the other sweep's own entry (with the run's minutes) wins where it wrote one
                 entry = self.entries[outcome.run.dir]
                 entry.update(status="done", note=outcome.skipped)
-                entry["final_personalized_acc"] = personalized_acc(outcome.summary, "final")
-                entry["best_personalized_acc"] = personalized_acc(outcome.summary, "best")
+                _set_accuracies(entry, outcome.summary)
             elif outcome is not None:
                 entry = self.entries[outcome.run.dir]
                 entry["status"] = status or ("done" if outcome.ok else "failed")
@@ -135,8 +139,7 @@ class SweepRecord:
                 entry.pop("note", None)
                 if outcome.ok:
                     entry.pop("error", None)
-                    entry["final_personalized_acc"] = personalized_acc(outcome.summary, "final")
-                    entry["best_personalized_acc"] = personalized_acc(outcome.summary, "best")
+                    _set_accuracies(entry, outcome.summary)
                 else:
                     entry["error"] = outcome.error
             self.data["updated"] = now()
