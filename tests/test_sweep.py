@@ -29,6 +29,7 @@ from fedtail.sweep import (
     load_sweep,
     run_status,
 )
+from fedtail.sweep.estimate import describe, estimate
 
 runner = CliRunner()
 
@@ -488,3 +489,62 @@ def test_a_failing_run_is_reported_and_the_sweep_exits_nonzero(tmp_path):
     plan = json.loads((tmp_path / "runs" / "sweep.json").read_text())
     assert plan["runs"][0]["status"] == "failed" and "no training" in plan["runs"][0]["error"]
     assert not (folder / "summary.json").exists()
+
+
+# --- time estimates from finished runs -----------------------------------------------------------
+
+
+def finished_in(run, minutes: float) -> None:
+    fake_finished(run)
+    summary = json.loads((run.dir / "summary.json").read_text())
+    (run.dir / "summary.json").write_text(json.dumps(summary | {"wall_time_s": 60 * minutes}))
+
+
+def test_estimate_uses_the_closest_finished_runs_and_the_rounds_done(tmp_path):
+    body = (
+        '[settings.a]\npartition = { alpha = 0.5 }\n[settings.b]\npartition = { alpha = 1.0 }\n'
+        '[methods.fedavg]\n[methods.slow]\nalgorithm = "fedavg"\n[methods.local]\n'
+    )
+    path = sweep_file(tmp_path, body, seeds="[0, 1]")
+    path.write_text(path.read_text().replace("rounds = 1", "rounds = 4"))  # a busy run's share needs rounds
+    sweep = load_sweep(path)
+    run = {r.label: r for r in sweep.runs}
+    finished_in(run["a/fedavg/seed0"], 10)
+    finished_in(run["b/fedavg/seed0"], 30)
+    finished_in(run["a/slow/seed0"], 50)
+    busy = run["b/slow/seed0"]
+    busy.dir.mkdir(parents=True)
+    records = [{"round": 1, "personalized_acc": 0.1}, {"round": 3, "personalized_acc": 0.2}]
+    (busy.dir / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in records) + '\n{"round": 4, "perso')
+    statuses = [run_status(r, {busy.dir.resolve()}) for r in sweep.runs]
+    assert statuses[sweep.runs.index(busy)].state == "busy"
+
+    est = estimate(statuses)
+    m = {label: est.minutes[r.dir] for label, r in run.items()}
+    assert m["a/fedavg/seed0"] == 10 and m["b/fedavg/seed0"] == 30  # measured
+    assert m["a/fedavg/seed1"] == 10 and m["b/fedavg/seed1"] == 30  # same method, same setting
+    assert m["a/slow/seed1"] == 50  # same method (the algorithm's mean would be 30)
+    assert m["b/slow/seed0"] == pytest.approx(50 * (1 - 3 / 4))  # busy: the last whole record is round 3
+    assert m["b/slow/seed1"] == 50  # same method in another setting
+    assert m["a/local/seed0"] is None and est.unknown == 4  # nothing to go by
+    assert est.left == pytest.approx(10 + 30 + 50 + 12.5 + 50)
+    assert est.wall_hours(2) == pytest.approx(est.left / 120)
+    assert "about 2.5 h of runs left (1.3 h at 2 in parallel); 4 run(s) not estimated" in describe(est, 2)
+
+    only_a = estimate(statuses, {r.dir for r in sweep.runs if r.setting == "a"})
+    assert only_a.left == pytest.approx(10 + 50) and only_a.unknown == 2
+
+
+def test_dry_run_shows_minutes_and_the_time_left(tmp_path):
+    path = sweep_file(tmp_path, "[methods.fedavg]\n[methods.local]\n", seeds="[0, 1]")
+    sweep = load_sweep(path)
+    finished_in(sweep.runs[0], 12.34)
+    res = invoke("sweep", path, "--dry-run", "--jobs", "2")
+    assert res.exit_code == 0, res.output
+    cells = [[c.strip() for c in line.split("│")] for line in res.output.splitlines() if line.count("│") == 8]
+    rows = {c[3] + c[4]: c[7] for c in cells}  # method + seed -> min
+    assert rows == {"fedavg0": "12.3", "fedavg1": "~12", "local0": "?", "local1": "?"}
+    assert "about 0.2 h of runs left (0.1 h at 2 in parallel); 2 run(s) not estimated" in res.output
+    everything = sweep_file(tmp_path, "[methods.fedavg]\n", name="one.toml")
+    finished_in(load_sweep(everything).runs[0], 1)
+    assert "nothing left to run" in invoke("sweep", everything, "--dry-run").output

@@ -30,6 +30,7 @@ from fedtail.sweep import (
     run_status,
     to_run,
 )
+from fedtail.sweep.estimate import Estimate, describe, estimate
 from fedtail.sweep.record import personalized_acc
 
 
@@ -90,21 +91,39 @@ def execute(
     return outcomes
 
 
-def plan_table(sweep: Sweep, statuses: list[RunStatus]) -> Table:
-    """A Rich table of the selected runs, in execution order, with their status."""
+def minutes_cell(state: str, minutes: float | None) -> str:
+    """Measured minutes of a finished run, ``~N`` expected (``~N left`` while running), else ``?``."""
+    if state == "stale":
+        return ""
+    if minutes is None:
+        return "?"
+    if state == "done":
+        return f"{minutes:.1f}"
+    return f"~{minutes:.0f}" + (" left" if state == "busy" else "")
+
+
+def plan_table(sweep: Sweep, statuses: list[RunStatus], est: Estimate) -> tuple[Table, list[str]]:
+    """A Rich table of the selected runs, in execution order, with status and minutes; and the notes.
+
+    One line per run keeps a long plan readable: the algorithm's options are left out (they are
+    in the file) and each run's note (why it is stale, busy or will be cleared) is a line under
+    the table.
+    """
     selected = sweep.selected_dirs()
     table = Table(title=escape(f"{sweep.file}: {len(selected)} runs -> {sweep.out}"))
-    for col in ("#", "setting", "method", "seed", "algorithm", "status", "note"):
-        table.add_column(col, overflow="fold")
+    for col in ("#", "setting", "method", "seed", "algorithm", "status", "min"):
+        table.add_column(col, overflow="fold", justify="right" if col == "min" else "left")
     style = {"done": "green", "pending": "yellow", "stale": "red", "busy": "magenta"}
+    notes: list[str] = []
     for i, st in enumerate((s for s in statuses if s.run.dir in selected), 1):
         run = st.run
-        algo = run.config.algorithm + (f" {json.dumps(run.config.options)}" if run.config.options else "")
         table.add_row(
-            str(i), escape(run.setting), escape(run.method), str(run.seed), escape(algo),
-            f"[{style[st.state]}]{st.state}[/]", escape(st.note),
+            str(i), escape(run.setting), escape(run.method), str(run.seed), escape(run.config.algorithm),
+            f"[{style[st.state]}]{st.state}[/]", minutes_cell(st.state, est.minutes.get(run.dir)),
         )
-    return table
+        if st.note:
+            notes.append(f"{i} {escape(run.label)}: {escape(st.note)}")
+    return table, notes
 
 
 def sweep_command(
@@ -127,13 +146,17 @@ def sweep_command(
     if jobs is not None and jobs < 1:
         raise ConfigError(f"--jobs must be >= 1 (got {jobs})")
     plan = load_sweep(file, out=out, settings=settings, methods=methods)
+    n_jobs = jobs or plan.jobs
     if dry_run:
         statuses = [run_status(r, busy_dirs()) for r in plan.runs]
-        stdout.print(plan_table(plan, statuses))
+        est = estimate(statuses, plan.selected_dirs())
+        table, notes = plan_table(plan, statuses, est)
+        stdout.print(table)
+        for note in notes:
+            stdout.print(note, highlight=False, soft_wrap=True)
         summary = ", ".join(f"{n} {state}" for state, n in count(statuses, plan).items())
-        stdout.print(summary + " (dry run: nothing was run)", soft_wrap=True)
+        stdout.print(f"{summary}; {describe(est, n_jobs)} (dry run: nothing was run)", soft_wrap=True)
         return 0
-    n_jobs = jobs or plan.jobs
     argv = ["fedtail", "sweep", str(file)]
     for flag, value in (("--jobs", jobs), ("--methods", methods), ("--settings", settings), ("--out", out)):
         if value is not None:
@@ -149,7 +172,7 @@ def sweep_command(
     say(
         escape(
             f"sweep {file}: {len(plan.selected)} runs, {counts['done']} done, {todo} to run, "
-            f"{n_jobs} in parallel -> {plan.out}"
+            f"{n_jobs} in parallel -> {plan.out}; {describe(estimate(statuses, selected), n_jobs)}"
         )
     )
     note = oversubscription(plan, n_jobs)

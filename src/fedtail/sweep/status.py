@@ -99,7 +99,7 @@ def run_status(run: PlannedRun, busy: set[Path] | frozenset = frozenset()) -> Ru
         return RunStatus(run, "done")
     if d.is_dir() and any(d.iterdir()):
         if d.resolve() in busy:
-            return RunStatus(run, "busy", "unfinished and in use by a running process; left alone")
+            return RunStatus(run, "busy", "in use by a running process; left alone")
         failed = d / "FAILED"
         why = failed.read_text().strip().splitlines()[0] if failed.is_file() else "no summary.json"
         return RunStatus(run, "pending", f"unfinished folder ({why}); it will be cleared")

@@ -1,0 +1,104 @@
+"""How long a sweep's unfinished runs will take, guessed from the wall times of its finished runs.
+
+A long sweep (Table II of MuPFL is 56 runs of 15 to 60 minutes) is run over several sittings, so
+``fedtail sweep --dry-run`` says how much is left. A pending run is expected to take the mean wall
+time of the finished runs of the same method in the same setting, else of the same method in any
+setting, else of the same algorithm; a run in progress the unfinished share of its rounds. The
+finished runs were timed under the same load (``jobs`` runs sharing the machine), so the total
+divided by ``jobs`` approximates the wall time left. A run with nothing to go by has no estimate.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from statistics import fmean
+
+from fedtail.sweep.spec import PlannedRun
+from fedtail.sweep.status import RunStatus
+
+TAIL_BYTES = 1 << 20  # a metrics.jsonl record is a few kB; its last megabyte holds the last record
+
+
+@dataclass(frozen=True)
+class Estimate:
+    minutes: dict[Path, float | None]  # per run folder: done -> its wall time; unfinished -> time left
+    left: float  # minutes of the unfinished runs that have an estimate
+    unknown: int  # unfinished runs without one
+
+    def wall_hours(self, jobs: int) -> float:
+        return self.left / 60 / max(jobs, 1)
+
+
+def wall_minutes(run_dir: Path) -> float | None:
+    """A finished run's wall time from its ``summary.json``, or None."""
+    try:
+        value = json.loads((run_dir / "summary.json").read_text()).get("wall_time_s")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value / 60 if isinstance(value, (int, float)) and value >= 0 else None
+
+
+def rounds_done(run_dir: Path) -> int:
+    """The last round recorded in a run's ``metrics.jsonl`` (0 if none)."""
+    path = run_dir / "metrics.jsonl"
+    try:
+        with path.open("rb") as fh:
+            fh.seek(max(0, path.stat().st_size - TAIL_BYTES))
+            lines = fh.read().splitlines()
+    except OSError:
+        return 0
+    for line in reversed(lines):
+        try:
+            value = json.loads(line).get("round")
+        except (ValueError, AttributeError):
+            continue  # a line cut by the seek, or one being written
+        if isinstance(value, int):
+            return value
+    return 0
+
+
+def _keys(run: PlannedRun) -> tuple[tuple[str, ...], ...]:
+    """From the closest kind of finished run to the loosest."""
+    return (("method", run.method, run.setting), ("method", run.method), ("algorithm", run.config.algorithm))
+
+
+def estimate(statuses: list[RunStatus], selected: set[Path] | None = None) -> Estimate:
+    """Minutes per run (done: measured; pending or busy: expected remaining) and the total left.
+
+    Every finished run informs the guesses; only the ``selected`` unfinished ones (all by
+    default) count towards the time left.
+    """
+    times: dict[tuple[str, ...], list[float]] = {}
+    minutes: dict[Path, float | None] = {}
+    for st in statuses:
+        if st.state == "done" and (m := wall_minutes(st.run.dir)) is not None:
+            minutes[st.run.dir] = m
+            for key in _keys(st.run):
+                times.setdefault(key, []).append(m)
+    left, unknown = 0.0, 0
+    for st in statuses:
+        if st.state not in ("pending", "busy") or (selected is not None and st.run.dir not in selected):
+            continue
+        whole = next((fmean(times[k]) for k in _keys(st.run) if k in times), None)
+        if whole is None:
+            minutes[st.run.dir] = None
+            unknown += 1
+            continue
+        share = 1.0
+        if st.state == "busy":
+            share = max(0.0, 1 - rounds_done(st.run.dir) / max(st.run.config.rounds, 1))
+        minutes[st.run.dir] = whole * share
+        left += whole * share
+    return Estimate(minutes, left, unknown)
+
+
+def describe(est: Estimate, jobs: int) -> str:
+    """``about 12.3 h of runs left (6.2 h at 2 in parallel)``, with the runs nothing is known of."""
+    if est.left == 0 and est.unknown == 0:
+        return "nothing left to run"
+    text = f"about {est.left / 60:.1f} h of runs left ({est.wall_hours(jobs):.1f} h at {jobs} in parallel)"
+    if est.unknown:
+        text += f"; {est.unknown} run(s) not estimated (no finished run of their method or algorithm yet)"
+    return text
