@@ -29,6 +29,7 @@ from fedtail.sweep import (
     load_sweep,
     run_status,
 )
+from fedtail.cli.sweep_cmd import parse_duration
 from fedtail.sweep.estimate import describe, estimate
 
 runner = CliRunner()
@@ -548,3 +549,47 @@ def test_dry_run_shows_minutes_and_the_time_left(tmp_path):
     everything = sweep_file(tmp_path, "[methods.fedavg]\n", name="one.toml")
     finished_in(load_sweep(everything).runs[0], 1)
     assert "nothing left to run" in invoke("sweep", everything, "--dry-run").output
+
+
+@pytest.mark.parametrize("text,minutes", [("90", 90), ("90m", 90), ("45 min", 45), ("2h", 120), ("1h30m", 90), ("1.5h", 90)])
+def test_time_limit_accepts_minutes_and_hours(text, minutes):
+    assert parse_duration(text) == minutes
+
+
+@pytest.mark.parametrize("text", ["", "abc", "0", "0h", "-5", "2d", "h", "1h30s"])
+def test_a_bad_time_limit_is_an_error_before_anything_runs(tmp_path, text):
+    with pytest.raises(ConfigError, match="--time-limit"):
+        parse_duration(text)
+    path = sweep_file(tmp_path, "[methods.fedavg]\n")
+    res = invoke("sweep", path, "--time-limit", text)
+    assert res.exit_code == 2 and "--time-limit" in res.output, res.output
+    assert not (tmp_path / "runs").exists()
+
+
+def test_time_limit_defers_runs_expected_to_end_late_and_starts_those_that_fit(tmp_path):
+    path = sweep_file(tmp_path, "[methods.fedavg]\n[methods.local]\n", seeds="[0, 1]")
+    sweep = load_sweep(path)
+    finished_in(sweep.runs[0], 500)  # fedavg seed 0 "took" 500 min: seed 1 cannot fit in 30
+    res = invoke("sweep", path, "--time-limit", "30m")
+    assert res.exit_code == 0, res.output
+    assert "deferred" in res.output and "~500 min" in res.output
+    assert "2 runs finished, 0 failed, 1 deferred" in res.output
+    late, *fitted = sweep.runs[1:]
+    assert not late.dir.exists()  # never started: still pending for the next sweep
+    assert all((r.dir / "summary.json").is_file() for r in fitted)  # nothing known of local: started
+    entries = {e["dir"]: e for e in json.loads((sweep.out / "sweep.json").read_text())["runs"]}
+    entry = entries["default/fedavg/seed1"]
+    assert entry["status"] == "deferred" and "time limit" in entry["note"]
+    assert "--time-limit 30m" in json.loads((sweep.out / "sweep.json").read_text())["command"]
+    assert "3 done, 1 pending" in invoke("sweep", path, "--dry-run").output
+
+
+def test_a_runner_past_its_deadline_starts_nothing_and_learns_from_what_it_runs(tmp_path):
+    path = sweep_file(tmp_path, "[methods.fedavg]\n", seeds="[0, 1]")
+    first, second = load_sweep(path).runs
+    outcome = Runner(1, deadline=time.monotonic() - 1).run_one(first)
+    assert outcome.deferred == "the time limit has passed" and not outcome.ok and not first.dir.exists()
+    runner = Runner(1, deadline=time.monotonic() + 3600)
+    assert runner.times.expect(second) is None
+    (done,) = runner.map([first], lambda o: None)
+    assert done.ok and runner.times.expect(second) == pytest.approx(done.minutes)

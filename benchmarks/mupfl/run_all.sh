@@ -4,9 +4,30 @@
 # Two lanes of one run each keep both cores of the 2-core machine busy. Both lanes end with
 # Table II; they share its runs through the sweep's per-run claims (a run the other lane has
 # started is skipped), so every run is run once.
+# Optional first argument, a time limit for this sitting (e.g. `run_all.sh 2h30m`): runs not
+# expected to end within it are left for the next sitting (fedtail sweep --time-limit).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-sweep() { .venv/bin/fedtail sweep "$@"; }
+deadline=""
+if [ $# -gt 0 ]; then
+  limit_min=$(.venv/bin/python - "$1" <<'PY'
+import sys
+from fedtail.cli.sweep_cmd import parse_duration
+from fedtail.errors import ConfigError
+try:
+    print(int(parse_duration(sys.argv[1])))
+except ConfigError as err:
+    sys.exit(f"run_all.sh: {err}")
+PY
+) || exit 2
+  deadline=$(( $(date +%s) + 60 * limit_min ))
+fi
+sweep() {
+  if [ -z "$deadline" ]; then .venv/bin/fedtail sweep "$@"; return; fi
+  local left=$(( (deadline - $(date +%s)) / 60 ))
+  if [ "$left" -le 0 ]; then echo "time limit reached: $1 left for the next sitting"; return 0; fi
+  .venv/bin/fedtail sweep "$@" --time-limit "${left}m"
+}
 lane() {
   local failed=0
   for file in "$@"; do sweep "benchmarks/mupfl/$file" --jobs 1 || failed=1; done

@@ -207,6 +207,11 @@ def sweep(
     dry_run: bool = typer.Option(False, "--dry-run", help="list the runs with their status; run nothing"),
     force: bool = typer.Option(False, "--force", help="rerun finished runs whose config differs (stale)"),
     out: Optional[Path] = typer.Option(None, "--out", help="folder of the runs (overrides the file's `out`)"),
+    time_limit: Optional[str] = typer.Option(
+        None,
+        "--time-limit",
+        help="e.g. 2h or 1h30m: start only runs expected (from finished ones) to end within it; the rest wait",
+    ),
 ) -> None:
     """Run settings × methods × seeds from a TOML file, in parallel, skipping finished runs.
 
@@ -225,6 +230,7 @@ def sweep(
             out=out,
             console=console,
             stdout=Console(),
+            time_limit=time_limit,
         )
     except FedtailError as err:
         fail(str(err))

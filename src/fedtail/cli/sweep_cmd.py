@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
+import time
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +32,20 @@ from fedtail.sweep import (
     run_status,
     to_run,
 )
-from fedtail.sweep.estimate import Estimate, describe, estimate
+from fedtail.sweep.estimate import Estimate, describe, estimate, learned
 from fedtail.sweep.record import personalized_acc
+
+
+def parse_duration(text: str) -> float:
+    """Minutes in ``90``, ``90m``, ``2h``, ``1h30m`` or ``1.5h``; ConfigError otherwise."""
+    m = re.fullmatch(r"\s*(?:(\d+(?:\.\d+)?)\s*h)?\s*(?:(\d+(?:\.\d+)?)\s*(?:m|min)?)?\s*", text)
+    if not text.strip() or m is None or m.group(0).strip() == "":
+        raise ConfigError(f"--time-limit {text!r}: give minutes or hours, e.g. 90, 90m, 2h or 1h30m")
+    hours, minutes = (float(g) if g else 0.0 for g in m.groups())
+    total = 60 * hours + minutes
+    if total <= 0:
+        raise ConfigError(f"--time-limit {text!r}: must be more than 0 minutes")
+    return total
 
 
 def describe_outcome(outcome: RunOutcome) -> str:
@@ -39,6 +53,8 @@ def describe_outcome(outcome: RunOutcome) -> str:
     where = escape(str(outcome.run.dir))
     if outcome.skipped:
         return f"[yellow]skipped[/] {where}: {escape(outcome.skipped)}"
+    if outcome.deferred:
+        return f"[cyan]deferred[/] {where}: {escape(outcome.deferred)}"
     if not outcome.ok:
         return f"[red]failed[/] {where} after {outcome.minutes:.1f} min"
     s = outcome.summary or {}
@@ -58,8 +74,12 @@ def execute(
     command: str,
     console: Any,
     force: bool = False,
+    deadline: float | None = None,
 ) -> list[RunOutcome]:
-    """Run the selected pending (and, with ``force``, stale) runs; writes ``{out}/sweep.json`` if any."""
+    """Run the selected pending (and, with ``force``, stale) runs; writes ``{out}/sweep.json`` if any.
+
+    ``deadline`` (:func:`time.monotonic`): runs expected to end later are deferred (:class:`Runner`).
+    """
     todo = to_run(statuses, sweep, force)
     if not todo:  # nothing changes: sweep.json keeps the record of the sweep that ran the runs
         return []
@@ -84,7 +104,7 @@ def execute(
             progress.advance(task)
 
         try:
-            outcomes = Runner(jobs, force).map(todo, on_done)
+            outcomes = Runner(jobs, force, deadline, learned(statuses)).map(todo, on_done)
         except BaseException:
             record.interrupt(todo)
             raise
@@ -137,14 +157,18 @@ def sweep_command(
     out: Path | None,
     console: Any,
     stdout: Any,
+    time_limit: str | None = None,
 ) -> int:
-    """``fedtail sweep``: 0 when every selected run is finished, 1 when a run failed.
+    """``fedtail sweep``: 0 unless a run failed (then 1).
 
     Bad input (the file, a stale folder) raises ConfigError before any run starts. Other sweeps
-    may share the output folder: a run another sweep has started or finished is skipped.
+    may share the output folder: a run another sweep has started or finished is skipped. With
+    ``time_limit`` (e.g. ``2h``, counted from now) runs expected to end after it are deferred.
     """
     if jobs is not None and jobs < 1:
         raise ConfigError(f"--jobs must be >= 1 (got {jobs})")
+    limit = None if time_limit is None else parse_duration(time_limit)
+    deadline = None if limit is None else time.monotonic() + 60 * limit  # counted from the start
     plan = load_sweep(file, out=out, settings=settings, methods=methods)
     n_jobs = jobs or plan.jobs
     if dry_run:
@@ -162,6 +186,7 @@ def sweep_command(
         if value is not None:
             argv += [flag, ",".join(value) if isinstance(value, list) else str(value)]
     argv += ["--force"] if force else []
+    argv += ["--time-limit", time_limit] if time_limit is not None else []
     say = lambda text: console.print(text, highlight=False, soft_wrap=True)  # noqa: E731
     busy = busy_dirs()
     statuses = [run_status(r, busy) for r in plan.runs]
@@ -178,15 +203,21 @@ def sweep_command(
     note = oversubscription(plan, n_jobs)
     if note:
         say(f"[yellow]warning:[/] {escape(note)}")
+    if limit is not None:
+        say(escape(f"time limit {limit:.0f} min: a run expected to end later is left for the next sweep"))
     for st in statuses:
         if st.state == "busy" and st.run.dir in selected:
             say(f"[yellow]warning:[/] {escape(str(st.run.dir))}: {escape(st.note)}")
-    outcomes = execute(plan, statuses, jobs=n_jobs, command=shlex.join(argv), console=console, force=force)
-    failed = [o for o in outcomes if not o.ok and not o.skipped]
+    outcomes = execute(
+        plan, statuses, jobs=n_jobs, command=shlex.join(argv), console=console, force=force, deadline=deadline
+    )
+    failed = [o for o in outcomes if not o.ok and not o.skipped and not o.deferred]
     skipped = [o for o in outcomes if o.skipped]
+    deferred = [o for o in outcomes if o.deferred]
     for o in failed:
         say(f"[bold red]failed:[/] {escape(str(o.run.dir))}\n{escape(o.error)}")
-    finished = len(outcomes) - len(failed) - len(skipped)
+    finished = len(outcomes) - len(failed) - len(skipped) - len(deferred)
     also = f", {len(skipped)} skipped (another sweep has them)" if skipped else ""
+    also += f", {len(deferred)} deferred (would not end within the time limit)" if deferred else ""
     say(escape(f"{finished} runs finished, {len(failed)} failed{also}; plan in {plan.out / 'sweep.json'}"))
     return 1 if failed else 0

@@ -11,6 +11,7 @@ divided by ``jobs`` approximates the wall time left. A run with nothing to go by
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import fmean
@@ -59,29 +60,59 @@ def rounds_done(run_dir: Path) -> int:
     return 0
 
 
-def _keys(run: PlannedRun) -> tuple[tuple[str, ...], ...]:
-    """From the closest kind of finished run to the loosest."""
-    return (("method", run.method, run.setting), ("method", run.method), ("algorithm", run.config.algorithm))
+class WallTimes:
+    """Wall minutes of finished runs, by kind, and the guess for a run from the closest kind.
 
-
-def estimate(statuses: list[RunStatus], selected: set[Path] | None = None) -> Estimate:
-    """Minutes per run (done: measured; pending or busy: expected remaining) and the total left.
-
-    Every finished run informs the guesses; only the ``selected`` unfinished ones (all by
-    default) count towards the time left.
+    Kinds, closest first: same method and setting, same method, same algorithm. A sweep adds each
+    run it finishes, so its guesses for the later runs improve as it goes.
     """
-    times: dict[tuple[str, ...], list[float]] = {}
-    minutes: dict[Path, float | None] = {}
+
+    def __init__(self) -> None:
+        self.times: dict[tuple[str, ...], list[float]] = {}
+        self.lock = threading.Lock()
+
+    @staticmethod
+    def _keys(run: PlannedRun) -> tuple[tuple[str, ...], ...]:
+        return (("method", run.method, run.setting), ("method", run.method), ("algorithm", run.config.algorithm))
+
+    def add(self, run: PlannedRun, minutes: float) -> None:
+        with self.lock:
+            for key in self._keys(run):
+                self.times.setdefault(key, []).append(minutes)
+
+    def expect(self, run: PlannedRun) -> float | None:
+        """Expected wall minutes of the whole run, or None when no finished run is like it."""
+        with self.lock:
+            return next((fmean(self.times[k]) for k in self._keys(run) if k in self.times), None)
+
+
+def learned(statuses: list[RunStatus]) -> WallTimes:
+    """The wall times of the finished runs among ``statuses``."""
+    times = WallTimes()
     for st in statuses:
         if st.state == "done" and (m := wall_minutes(st.run.dir)) is not None:
-            minutes[st.run.dir] = m
-            for key in _keys(st.run):
-                times.setdefault(key, []).append(m)
+            times.add(st.run, m)
+    return times
+
+
+def estimate(
+    statuses: list[RunStatus], selected: set[Path] | None = None, times: WallTimes | None = None
+) -> Estimate:
+    """Minutes per run (done: measured; pending or busy: expected remaining) and the total left.
+
+    The guesses come from ``times``, by default the finished runs among ``statuses``; only the
+    ``selected`` unfinished runs (all by default) count towards the time left.
+    """
+    times = learned(statuses) if times is None else times
+    minutes: dict[Path, float | None] = {}
     left, unknown = 0.0, 0
     for st in statuses:
+        if st.state == "done":
+            minutes[st.run.dir] = wall_minutes(st.run.dir)
+            continue
         if st.state not in ("pending", "busy") or (selected is not None and st.run.dir not in selected):
             continue
-        whole = next((fmean(times[k]) for k in _keys(st.run) if k in times), None)
+        whole = times.expect(st.run)
         if whole is None:
             minutes[st.run.dir] = None
             unknown += 1

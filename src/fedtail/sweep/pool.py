@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from fedtail.sweep.estimate import WallTimes
 from fedtail.sweep.spec import PlannedRun, Sweep
 from fedtail.sweep.status import PidLock, busy_dirs, claim_path, run_status
 
@@ -35,6 +36,8 @@ class RunOutcome:
     # why the run was not started (another sweep has it, or finished it: then ``summary`` is that
     # run's); not a failure
     skipped: str = ""
+    # why the run was left for a later sweep: it would not end within the time limit; not a failure
+    deferred: str = ""
 
 
 def tail(path: Path, lines: int = 8) -> str:
@@ -52,11 +55,20 @@ class Runner:
     Each run is claimed (:class:`~fedtail.sweep.status.PidLock` on ``.seed{k}.claim``) and its
     folder checked again just before it starts, because another sweep sharing the output folder
     may have started or finished it since this sweep made its plan.
+
+    With a ``deadline`` (a :func:`time.monotonic` value), a run whose expected wall time
+    (``times``, which learns from each run finished here) would take it past the deadline is
+    deferred, and the next one in order that fits is started instead; a run nothing is known of
+    starts while the deadline has not passed.
     """
 
-    def __init__(self, jobs: int, force: bool = False) -> None:
+    def __init__(
+        self, jobs: int, force: bool = False, deadline: float | None = None, times: WallTimes | None = None
+    ) -> None:
         self.jobs = jobs
         self.force = force
+        self.deadline = deadline
+        self.times = WallTimes() if times is None else times
         self.procs: dict[Path, subprocess.Popen] = {}
         self.lock = threading.Lock()
         self.stopped = threading.Event()
@@ -69,6 +81,9 @@ class Runner:
     def run_one(self, run: PlannedRun) -> RunOutcome:
         if self.stopped.is_set():
             return RunOutcome(run, False, 0.0, error="not started (sweep interrupted)")
+        late = self._too_late(run)
+        if late:
+            return RunOutcome(run, False, 0.0, deferred=late)
         claim = PidLock(claim_path(run))
         holder = claim.try_acquire()
         if holder is not None:
@@ -83,9 +98,24 @@ class Runner:
                 return RunOutcome(run, False, 0.0, summary, skipped="finished by another sweep meanwhile")
             if st.state == "busy" or (st.state == "stale" and not self.force):
                 return RunOutcome(run, False, 0.0, skipped=f"{st.state} when its turn came: {st.note}")
-            return self._execute(run)
+            outcome = self._execute(run)
+            if outcome.ok:
+                self.times.add(run, outcome.minutes)
+            return outcome
         finally:
             claim.release()
+
+    def _too_late(self, run: PlannedRun) -> str:
+        """Why ``run`` must wait for a later sweep ("" when it may start now)."""
+        if self.deadline is None:
+            return ""
+        left = (self.deadline - time.monotonic()) / 60
+        if left <= 0:
+            return "the time limit has passed"
+        expected = self.times.expect(run)
+        if expected is not None and expected > left:
+            return f"expected to take ~{expected:.0f} min, {left:.0f} min left of the time limit"
+        return ""
 
     def _execute(self, run: PlannedRun) -> RunOutcome:
         start = time.perf_counter()

@@ -1,7 +1,7 @@
 """``{out}/sweep.json``: the plan (every run of the file) and the status of each run.
 
-Statuses: done / pending / stale / busy (from the folders), then queued, failed, skipped or
-interrupted as the sweep goes; finished runs keep their minutes and accuracies.
+Statuses: done / pending / stale / busy (from the folders), then queued, failed, skipped,
+deferred (left for a later sweep by ``--time-limit``) or interrupted as the sweep goes; finished runs keep their minutes and accuracies.
 
 Several sweeps (of one file or of several) may share ``{out}``. Each write re-reads the file
 under an exclusive ``flock`` and keeps the runs of the other plans; for a run in both, the entry
@@ -122,7 +122,10 @@ class SweepRecord:
     def update(self, outcome: RunOutcome | None = None, status: str | None = None) -> None:
         """Record a finished run (if given) and write the file."""
         with self.lock:
-            if outcome is not None and outcome.skipped and outcome.summary is None:
+            if outcome is not None and outcome.deferred:
+                entry = self.entries[outcome.run.dir]
+                entry["status"], entry["note"], entry["at"] = "deferred", outcome.deferred, _stamp()
+            elif outcome is not None and outcome.skipped and outcome.summary is None:
                 entry = self.entries[outcome.run.dir]
                 entry["status"], entry["note"], entry["at"] = "skipped", outcome.skipped, _stamp()
             elif outcome is not None and outcome.skipped:
