@@ -32,7 +32,7 @@ from fedtail.sweep import (
     run_status,
     to_run,
 )
-from fedtail.sweep.estimate import Estimate, describe, estimate, learned
+from fedtail.sweep.estimate import Estimate, WallTimes, describe, estimate, learned
 from fedtail.sweep.record import personalized_acc
 
 
@@ -75,6 +75,7 @@ def execute(
     console: Any,
     force: bool = False,
     deadline: float | None = None,
+    times: WallTimes | None = None,
 ) -> list[RunOutcome]:
     """Run the selected pending (and, with ``force``, stale) runs; writes ``{out}/sweep.json`` if any.
 
@@ -104,7 +105,7 @@ def execute(
             progress.advance(task)
 
         try:
-            outcomes = Runner(jobs, force, deadline, learned(statuses)).map(todo, on_done)
+            outcomes = Runner(jobs, force, deadline, learned(statuses) if times is None else times).map(todo, on_done)
         except BaseException:
             record.interrupt(todo)
             raise
@@ -190,6 +191,7 @@ def sweep_command(
     say = lambda text: console.print(text, highlight=False, soft_wrap=True)  # noqa: E731
     busy = busy_dirs()
     statuses = [run_status(r, busy) for r in plan.runs]
+    times = learned(statuses)  # read once: the header's estimate, then the time limit's guesses
     selected = plan.selected_dirs()
     check_stale([s for s in statuses if s.run.dir in selected], force)
     counts = count(statuses, plan)
@@ -197,7 +199,7 @@ def sweep_command(
     say(
         escape(
             f"sweep {file}: {len(plan.selected)} runs, {counts['done']} done, {todo} to run, "
-            f"{n_jobs} in parallel -> {plan.out}; {describe(estimate(statuses, selected), n_jobs)}"
+            f"{n_jobs} in parallel -> {plan.out}; {describe(estimate(statuses, selected, times), n_jobs)}"
         )
     )
     note = oversubscription(plan, n_jobs)
@@ -209,7 +211,7 @@ def sweep_command(
         if st.state == "busy" and st.run.dir in selected:
             say(f"[yellow]warning:[/] {escape(str(st.run.dir))}: {escape(st.note)}")
     outcomes = execute(
-        plan, statuses, jobs=n_jobs, command=shlex.join(argv), console=console, force=force, deadline=deadline
+        plan, statuses, jobs=n_jobs, command=shlex.join(argv), console=console, force=force, deadline=deadline, times=times
     )
     failed = [o for o in outcomes if not o.ok and not o.skipped and not o.deferred]
     skipped = [o for o in outcomes if o.skipped]

@@ -86,12 +86,18 @@ class WallTimes:
             return next((fmean(self.times[k]) for k in self._keys(run) if k in self.times), None)
 
 
-def learned(statuses: list[RunStatus]) -> WallTimes:
-    """The wall times of the finished runs among ``statuses``."""
+def measured(statuses: list[RunStatus]) -> dict[Path, float | None]:
+    """The wall minutes of the finished runs among ``statuses`` (None where not recorded)."""
+    return {st.run.dir: wall_minutes(st.run.dir) for st in statuses if st.state == "done"}
+
+
+def learned(statuses: list[RunStatus], minutes: dict[Path, float | None] | None = None) -> WallTimes:
+    """The wall times of the finished runs among ``statuses`` (``minutes``: already read)."""
+    minutes = measured(statuses) if minutes is None else minutes
     times = WallTimes()
     for st in statuses:
-        if st.state == "done" and (m := wall_minutes(st.run.dir)) is not None:
-            times.add(st.run, m)
+        if minutes.get(st.run.dir) is not None:
+            times.add(st.run, minutes[st.run.dir])
     return times
 
 
@@ -103,13 +109,10 @@ def estimate(
     The guesses come from ``times``, by default the finished runs among ``statuses``; only the
     ``selected`` unfinished runs (all by default) count towards the time left.
     """
-    times = learned(statuses) if times is None else times
-    minutes: dict[Path, float | None] = {}
+    minutes = measured(statuses)
+    times = learned(statuses, minutes) if times is None else times
     left, unknown = 0.0, 0
     for st in statuses:
-        if st.state == "done":
-            minutes[st.run.dir] = wall_minutes(st.run.dir)
-            continue
         if st.state not in ("pending", "busy") or (selected is not None and st.run.dir not in selected):
             continue
         whole = times.expect(st.run)
