@@ -30,7 +30,7 @@ from fedtail.sweep import (
     run_status,
 )
 from fedtail.cli.sweep_cmd import parse_duration
-from fedtail.sweep.estimate import describe, estimate
+from fedtail.sweep.estimate import describe, estimate, learned
 
 runner = CliRunner()
 
@@ -525,15 +525,32 @@ def test_estimate_uses_the_closest_finished_runs_and_the_rounds_done(tmp_path):
     assert m["a/fedavg/seed0"] == 10 and m["b/fedavg/seed0"] == 30  # measured
     assert m["a/fedavg/seed1"] == 10 and m["b/fedavg/seed1"] == 30  # same method, same setting
     assert m["a/slow/seed1"] == 50  # same method (the algorithm's mean would be 30)
-    assert m["b/slow/seed0"] == pytest.approx(50 * (1 - 3 / 4))  # busy: the last whole record is round 3
-    assert m["b/slow/seed1"] == 50  # same method in another setting
+    # Same method in another setting, scaled: fedavg took 3 times as long in b as in a.
+    assert m["b/slow/seed1"] == pytest.approx(150)
+    assert m["b/slow/seed0"] == pytest.approx(150 * (1 - 3 / 4))  # busy: the last whole record is round 3
     assert m["a/local/seed0"] is None and est.unknown == 4  # nothing to go by
-    assert est.left == pytest.approx(10 + 30 + 50 + 12.5 + 50)
+    assert est.left == pytest.approx(10 + 30 + 50 + 37.5 + 150)
     assert est.wall_hours(2) == pytest.approx(est.left / 120)
-    assert "about 2.5 h of runs left (1.3 h at 2 in parallel); 4 run(s) not estimated" in describe(est, 2)
+    assert "about 4.6 h of runs left (2.3 h at 2 in parallel); 4 run(s) not estimated" in describe(est, 2)
 
     only_a = estimate(statuses, {r.dir for r in sweep.runs if r.setting == "a"})
     assert only_a.left == pytest.approx(10 + 50) and only_a.unknown == 2
+
+
+def test_a_setting_factor_scales_guesses_from_other_settings(tmp_path):
+    body = "".join(f"[settings.{name}]\npartition = {{ alpha = {a} }}\n" for name, a in [("a", 0.5), ("b", 1.0), ("c", 2.0)])
+    body += '[methods.fedavg]\n[methods.slow]\nalgorithm = "fedavg"\n[methods.other]\nalgorithm = "fedavg"\n'
+    sweep = load_sweep(sweep_file(tmp_path, body))
+    run = {r.label: r for r in sweep.runs}
+    finished_in(run["a/fedavg/seed0"], 10)
+    finished_in(run["b/fedavg/seed0"], 5)  # b: runs take half as long
+    finished_in(run["a/slow/seed0"], 40)
+    times = learned([run_status(r, set()) for r in sweep.runs])
+    assert times.setting_factor("b") == pytest.approx(0.5) and times.setting_factor("c") == 1.0
+    assert times.expect(run["b/slow/seed0"]) == pytest.approx(20)  # same method elsewhere x 0.5
+    assert times.expect(run["c/slow/seed0"]) == pytest.approx(40)  # nothing timed in c: unscaled
+    assert times.expect(run["b/other/seed0"]) == pytest.approx(5)  # same algorithm, same setting
+    assert times.expect(run["c/other/seed0"]) == pytest.approx((10 + 5 + 40) / 3)  # same algorithm elsewhere
 
 
 def test_dry_run_shows_minutes_and_the_time_left(tmp_path):
