@@ -7,6 +7,7 @@ fake channels for calling a server half directly; planted data; option validatio
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -16,7 +17,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from conftest import tiny_raw
+from conftest import tiny_config, tiny_raw
+from fedtail.algorithms import ALGORITHMS
 from fedtail.algorithms.base import Message
 from fedtail.algorithms.clustering import flatten, float_keys, unflatten
 from fedtail.cli.main import app
@@ -69,6 +71,46 @@ def assert_serial_and_parallel_agree(config: RunConfig) -> tuple[Simulation, Sim
     parallel_rows, parallel = run(config.model_copy(update={"workers": 2}))
     assert strip_timing(serial_rows) == strip_timing(parallel_rows)
     return serial, parallel
+
+
+# --- every algorithm ---------------------------------------------------------------------------
+
+# algorithms that need options, data or a partition of their own to do something in 4 tiny rounds
+SPECIAL = {
+    "fedic": dict(
+        partition={"server_samples_per_class": 8, "server_unlabelled": 60, "imbalance": 5.0},
+        options={"distill_steps": 4, "finetune_steps": 4, "gate_steps": 4, "unlabelled_batch": 32},
+    ),
+    "gldp": dict(staged=True, partition={"stages": 2}, options={"head_epochs": 1}),  # checkpoint at the stage end
+    "fedgroup": dict(options={"num_groups": 2, "pretrain_clients": 3}),
+    "flhc": dict(options={"cluster_round": 1, "num_clusters": 2}),
+    "mupfl": dict(edges=2),  # the edge tier
+    "fedac": dict(options={"pca_every": 1}),
+}
+PACKAGED = sorted(name for name, spec in ALGORITHMS.items() if spec.server.__module__.startswith("fedtail."))
+
+
+def algorithm_config(name: str, **overrides):
+    special = dict(SPECIAL.get(name, {}))
+    build = staged if special.pop("staged", False) else tiny_config
+    return build(**({"algorithm": name, "rounds": 4, "checkpoint_every": 2} | special | overrides))
+
+
+
+def same(a, b) -> bool:
+    """Equal, recursively; tensors and arrays bit for bit (with dtypes), NaN equal to NaN."""
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    if isinstance(a, np.ndarray):
+        return isinstance(b, np.ndarray) and a.dtype == b.dtype and np.array_equal(a, b)
+    if isinstance(a, dict):
+        return type(a) is type(b) and list(a) == list(b) and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    if isinstance(a, float) and math.isnan(a):
+        return isinstance(b, float) and math.isnan(b)
+    return type(a) is type(b) and a == b
+
 
 
 # --- calling a client half directly ------------------------------------------------------------

@@ -19,24 +19,9 @@ from fedtail.engine.checkpoint import CheckpointError, decode, encode
 from fedtail.engine.simulation import Simulation
 from fedtail.report.runfiles import CHECKPOINT, CHECKPOINT_INFO
 from fedtail.runner import run_to_folder
-from helpers import SMOKE, invoke, staged, strip_timing, sweep_base
+from helpers import PACKAGED, SMOKE, algorithm_config, invoke, same, staged, strip_timing, sweep_base
 
 TIMING = ("wall_time_s", "time_s", "samples_per_s")
-
-
-def same(a, b) -> bool:
-    """Equal, recursively; tensors and arrays bit for bit (with dtypes), NaN equal to NaN."""
-    if isinstance(a, torch.Tensor):
-        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
-    if isinstance(a, np.ndarray):
-        return isinstance(b, np.ndarray) and a.dtype == b.dtype and np.array_equal(a, b)
-    if isinstance(a, dict):
-        return type(a) is type(b) and list(a) == list(b) and all(same(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return type(a) is type(b) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
-    if isinstance(a, float) and math.isnan(a):
-        return isinstance(b, float) and math.isnan(b)
-    return type(a) is type(b) and a == b
 
 
 def no_timing(summary: dict) -> dict:
@@ -107,27 +92,6 @@ def test_global_random_streams_are_restored():
 
 
 # --- every algorithm, in memory: checkpoint after 2 rounds, resume, compare with 4 rounds ---------
-
-# algorithms that need options, data or a partition of their own to do something in 4 tiny rounds
-SPECIAL = {
-    "fedic": dict(
-        partition={"server_samples_per_class": 8, "server_unlabelled": 60, "imbalance": 5.0},
-        options={"distill_steps": 4, "finetune_steps": 4, "gate_steps": 4, "unlabelled_batch": 32},
-    ),
-    "gldp": dict(staged=True, partition={"stages": 2}, options={"head_epochs": 1}),  # checkpoint at the stage end
-    "fedgroup": dict(options={"num_groups": 2, "pretrain_clients": 3}),
-    "flhc": dict(options={"cluster_round": 1, "num_clusters": 2}),
-    "mupfl": dict(edges=2),  # the edge tier
-    "fedac": dict(options={"pca_every": 1}),
-}
-PACKAGED = sorted(name for name, spec in ALGORITHMS.items() if spec.server.__module__.startswith("fedtail."))
-
-
-def algorithm_config(name: str, **overrides):
-    special = dict(SPECIAL.get(name, {}))
-    build = staged if special.pop("staged", False) else tiny_config
-    return build(algorithm=name, rounds=4, checkpoint_every=2, **(special | overrides))
-
 
 def stopped_and_resumed(config, resume_workers: int | None = None) -> tuple[Simulation, dict, Simulation, dict]:
     """An uninterrupted run (checkpoint taken after round 2) and a new simulation resumed from it."""

@@ -52,6 +52,32 @@ class TrainConfig(BaseModel):
         return self.lr * self.lr_decay ** (rnd - 1)
 
 
+class FaultConfig(BaseModel):
+    """Client failures and what the engine accepts as a reply (``engine/replies.py``).
+
+    Every default leaves a run as it was before these settings existed: no dropouts, a round
+    goes on with at least one accepted reply, no bound on update norms, a non-finite value
+    anywhere stops the run as diverged.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    dropout: float = Field(
+        0.0, ge=0, le=1, description="--dropout: probability that a sampled client fails to reply in a round (seeded)"
+    )
+    min_replies: int = Field(
+        1, ge=1, description="--min-replies: fewer accepted replies in an exchange skip the round (server state unchanged)"
+    )
+    max_update_norm: float | None = Field(
+        None, gt=0, description="--max-update-norm: reject a reply whose tensors lie farther (L2) from those sent"
+    )
+    on_nonfinite: Literal["stop", "reject"] = Field(
+        "stop",
+        description="--on-nonfinite: a NaN/inf loss or value in a reply stops the run as diverged (stop) "
+        "or only rejects that reply (reject: for deployments with faulty clients)",
+    )
+
+
 class RunConfig(BaseModel):
     """Everything that defines one run; the seed makes it exactly reproducible."""
 
@@ -85,6 +111,7 @@ class RunConfig(BaseModel):
     targets: list[float] = Field(default_factory=lambda: [0.5, 0.6, 0.7, 0.8, 0.9])
     edges: int = Field(1, ge=1, description="number of edge servers (hierarchical algorithms)")
     edge_assignment: Literal["contiguous", "round-robin", "random"] = "round-robin"
+    faults: FaultConfig = Field(default_factory=FaultConfig)
     checkpoint_every: int = Field(
         CHECKPOINT_EVERY,
         ge=0,
@@ -121,6 +148,11 @@ class RunConfig(BaseModel):
                 raise ValueError(f"{flag} {name!r} is unknown; choose one of: {', '.join(sorted(known))}")
         if self.eval_split == "val" and self.partition.val_fraction <= 0:
             raise ValueError("eval_split 'val' needs --val-fraction > 0")
+        if self.faults.min_replies > self.clients_per_round:
+            raise ValueError(
+                f"--min-replies {self.faults.min_replies} exceeds the {self.clients_per_round} clients sampled "
+                "per round: every round would be skipped"
+            )
         return self
 
     @model_validator(mode="after")
@@ -155,6 +187,8 @@ class RunConfig(BaseModel):
             data.pop("rounds_per_stage", None)
         if self.checkpoint_every == CHECKPOINT_EVERY:  # likewise: the default leaves config.json as it was
             data.pop("checkpoint_every", None)
+        if self.faults == FaultConfig():  # likewise
+            data.pop("faults", None)
         return data
 
     # -- the stage schedule (GLDP's stage tasks; one stage for every other partition) ---------
@@ -201,7 +235,7 @@ def _flag_for(loc: tuple) -> str:
 
     if len(loc) >= 2 and loc[0] == "partition" and loc[1] in FLAGS:
         return FLAGS[loc[1]]
-    if len(loc) >= 2 and loc[0] == "train" and loc[1] in TrainConfig.model_fields:
+    if len(loc) >= 2 and loc[0] in ("train", "faults") and loc[1] in (TrainConfig.model_fields | FaultConfig.model_fields):
         return "--" + str(loc[1]).replace("_", "-")
     if len(loc) == 1 and loc[0] in RunConfig.model_fields:
         return "--" + str(loc[0]).replace("_", "-")
@@ -263,9 +297,10 @@ def apply_set(raw: dict[str, Any], assignment: str) -> None:
         raise ConfigError(f"--set {key}: options of {head!r} do not apply to --algorithm {algorithm}")
     target = raw
     for part in parts[:-1]:
-        if part not in ("partition", "train", "dataset_options", "options"):
+        if part not in ("partition", "train", "faults", "dataset_options", "options"):
             raise ConfigError(
-                f"--set {key}: unknown section {part!r}; use algo.KEY, partition.KEY, train.KEY or dataset_options.KEY"
+                f"--set {key}: unknown section {part!r}; use algo.KEY, partition.KEY, train.KEY, faults.KEY "
+                "or dataset_options.KEY"
             )
         target = target.setdefault(part, {})
     target[parts[-1]] = parse_value(value)
@@ -320,6 +355,10 @@ FLAG_KEYS: dict[str, tuple[str, ...]] = {
     "eval_every": ("eval_every",),
     "eval_split": ("eval_split",),
     "checkpoint_every": ("checkpoint_every",),
+    "dropout": ("faults", "dropout"),
+    "min_replies": ("faults", "min_replies"),
+    "max_update_norm": ("faults", "max_update_norm"),
+    "on_nonfinite": ("faults", "on_nonfinite"),
 }
 
 

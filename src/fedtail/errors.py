@@ -1,4 +1,4 @@
-"""Errors the command line turns into a one-line message and exit code 2."""
+"""Errors the command line turns into a one-line message: exit code 2 (bad input), 3 (diverged)."""
 
 
 class FedtailError(Exception):
@@ -11,3 +11,15 @@ class DataError(FedtailError):
 
 class ConfigError(FedtailError):
     """A configuration value is out of range or unknown."""
+
+
+class RunDiverged(Exception):
+    """Training produced NaN / inf (a loss, a reply, the server's state): the run's numbers are garbage.
+
+    Not a :class:`FedtailError`: the input was valid; the command line reports it with exit code 3.
+    """
+
+    def __init__(self, round: int, cause: str) -> None:
+        super().__init__(f"run diverged at round {round}: {cause}")
+        self.round = round
+        self.cause = cause

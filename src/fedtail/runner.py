@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from fedtail.config import RunConfig
+from fedtail.errors import RunDiverged
 
 OnRound = Callable[[int, "dict[str, Any] | None"], None]
 
@@ -82,13 +83,17 @@ def run_to_folder(
     except BaseException:
         sim.executor.close()
         raise
+    head = {"algorithm": config.algorithm, "dataset": config.dataset, "seed": config.seed}
     try:
         if on_round is not None:
             on_round(sim.rounds_done, None)
         summary = sim.run()
+    except RunDiverged as err:
+        writer.finish(head | sim.diverged_summary(err))  # the rows stay; no accuracy is presented as a result
+        raise
     except BaseException as err:
         writer.fail(err)
         raise
-    summary = {"algorithm": config.algorithm, "dataset": config.dataset, "seed": config.seed} | summary
+    summary = head | summary
     writer.finish(summary)
     return summary

@@ -220,28 +220,32 @@ class FedGroupServer(ServerHalf):
         log: dict = {}
         if not self.groups:
             log["pretrained"] = self.group_cold_start(comm)
+            if not self.groups:  # too few pre-training replies to form the groups: again next round
+                return
         newcomers = [cid for cid in clients if cid not in self.group_of]
         if newcomers:
-            self.newcomer_cold_start(newcomers, comm)
+            newcomers = self.newcomer_cold_start(newcomers, comm)
         self.train_groups(clients, comm)
         assigned = sorted(self.group_of)
         labels = [self.group_of[c] for c in assigned]
         points = np.array([self.points[c] for c in assigned])
         comm.log(clustering=cluster_record(assigned, labels, points, newcomers=newcomers, **log))
 
-    def _updates(self, cids: list[int], start: Tensors, comm: Comm) -> torch.Tensor:
-        """Rows Δw_i = w_i − start of the clients, after cold-start training from ``start``."""
+    def _updates(self, cids: list[int], start: Tensors, comm: Comm) -> tuple[list[int], torch.Tensor]:
+        """The clients that replied and their rows Δw_i = w_i − start, after cold-start training from ``start``."""
         origin = flatten(start, self.keys)
         messages = {cid: Message("pretrain", start) for cid in cids}
         rows = {cid: flatten(reply.tensors, self.keys) - origin for cid, reply in comm.stream(messages)}
-        return torch.stack([rows[cid] for cid in cids])
+        return sorted(rows), torch.stack([rows[cid] for cid in sorted(rows)])
 
     def group_cold_start(self, comm: Comm) -> list[int]:
         opts: FedGroupConfig = self.ctx.options
         rng = np.random.default_rng(self.ctx.seed(0xF6, 1))
         chosen = sorted(int(c) for c in rng.choice(self.ctx.num_clients, size=self.num_pretrain, replace=False))
         init = self.ctx.init_weights
-        updates = self._updates(chosen, init, comm)
+        chosen, updates = self._updates(chosen, init, comm)
+        if len(chosen) < opts.num_groups:
+            return chosen
         labels, points, self.directions = edc_groups(
             updates, opts.num_groups, opts.svd_dims, self.ctx.seed(0xF6, 2) % 2**31
         )
@@ -257,23 +261,28 @@ class FedGroupServer(ServerHalf):
         self._refresh_auxiliary()
         return chosen
 
-    def newcomer_cold_start(self, newcomers: list[int], comm: Comm) -> None:
+    def newcomer_cold_start(self, newcomers: list[int], comm: Comm) -> list[int]:
+        """Group the newcomers by their cold-start update; returns those that replied (now grouped)."""
         opts: FedGroupConfig = self.ctx.options
         from_init = opts.newcomer_start == "init"
         start = self.ctx.init_weights if from_init else self.aux
-        updates = self._updates(newcomers, start, comm)
+        newcomers, updates = self._updates(newcomers, start, comm)
         groups = most_similar(updates, self.centres if from_init else self.latest)
         points = decomposed_similarity(updates, self.directions)
         for cid, g, s in zip(newcomers, groups, points):
             self.group_of[cid] = int(g)
             self.points[cid] = s.tolist()
+        return newcomers
 
     def train_groups(self, clients: list[int], comm: Comm) -> None:
         opts: FedGroupConfig = self.ctx.options
-        means = {g: WeightedMean() for g in {self.group_of[c] for c in clients}}
-        messages = {cid: Message("fit", self.groups[self.group_of[cid]]) for cid in clients}
+        means: dict[int, WeightedMean] = {}
+        # clients whose cold start got no reply have no group yet: they are newcomers next time
+        messages = {cid: Message("fit", self.groups[self.group_of[cid]]) for cid in clients if cid in self.group_of}
+        if not messages:
+            return
         for cid, reply in comm.stream(messages):
-            means[self.group_of[cid]].add(reply.tensors, reply.metrics["num_examples"])
+            means.setdefault(self.group_of[cid], WeightedMean()).add(reply.tensors, reply.metrics["num_examples"])
         before = torch.stack([flatten(model, self.keys) for model in self.groups])
         for g, mean in means.items():
             self.groups[g] = mean.result()

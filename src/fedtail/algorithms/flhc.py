@@ -30,8 +30,16 @@ Interpretations where the paper is silent (each a named option or noted here):
   threshold alone switches ``num_clusters`` off; giving both is an error.
 - After the clustering there is no global model: :meth:`global_weights` is None, so the global
   test split is no longer evaluated (``global_acc`` is null from round n on).
-- From round n on every round logs ``clustering`` (all clients, their cluster, and a 2-D PCA
-  view of the clustering updates, computed once).
+- From round n on every round logs ``clustering`` (the clustered clients, their cluster, and a
+  2-D PCA view of the clustering updates, computed once).
+
+Missing replies (``--dropout``, rejected replies): a cluster none of whose sampled members
+replied keeps its model. The clustering uses the clients that replied to the all-client
+exchange; with fewer replies than ``num_clusters`` (or 2) the clustering is tried again at the
+end of the next round (FedAvg goes on meanwhile). A client that did not reply then is clustered
+when it first replies afterwards: it trains w^n like the others did, and joins the cluster whose
+mean clustering update is nearest to its update under ``metric`` (that reply is used for the
+assignment only, since it did not start from θ_c); until then it is evaluated with w^n.
 """
 
 from __future__ import annotations
@@ -45,7 +53,15 @@ from sklearn.cluster import AgglomerativeClustering
 
 from fedtail.algorithms.aggregate import WeightedMean
 from fedtail.algorithms.base import Algorithm, AlgorithmConfig, Comm, Message, Tensors
-from fedtail.algorithms.clustering import cluster_record, float_keys, flatten, project_2d, relabel
+from fedtail.algorithms.clustering import (
+    cluster_means,
+    cluster_record,
+    cosine_matrix,
+    float_keys,
+    flatten,
+    project_2d,
+    relabel,
+)
 from fedtail.algorithms.fedavg import FedAvgClient, FedAvgServer
 from fedtail.errors import ConfigError
 
@@ -97,6 +113,14 @@ class FLHCConfig(AlgorithmConfig):
             )
 
 
+def nearest(update: torch.Tensor, centroids: torch.Tensor, metric: str) -> int:
+    """The cluster whose mean clustering update is nearest to ``update`` under ``metric``."""
+    u, c = update.to(torch.float64)[None], centroids.to(torch.float64)
+    if metric == "cosine":
+        return int(cosine_matrix(u, c).argmax())
+    return int(torch.cdist(u, c, p=1.0 if metric == "manhattan" else 2.0).argmin())
+
+
 def hierarchical_clusters(
     updates: torch.Tensor, metric: str, linkage: str, num_clusters: int | None, distance_threshold: float | None
 ) -> np.ndarray:
@@ -112,8 +136,9 @@ def hierarchical_clusters(
 class FLHCServer(FedAvgServer):
     def __init__(self, ctx: ServerContext) -> None:
         super().__init__(ctx)
-        self.labels: list[int] | None = None  # every client's cluster, once clustered
+        self.labels: list[int] | None = None  # every client's cluster once clustered (-1: not yet)
         self.clusters: list[Tensors] = []  # θ_c
+        self.centroids: torch.Tensor | None = None  # mean clustering update of each cluster
         self.view: list[list[float]] = []  # 2-D PCA of the clustering updates (for the log)
 
     def run_round(self, rnd: int, clients: list[int], comm: Comm) -> None:
@@ -125,7 +150,9 @@ class FLHCServer(FedAvgServer):
         else:
             self.train_clusters(clients, comm)
         if self.labels is not None:
-            comm.log(clustering=cluster_record(range(self.ctx.num_clients), self.labels, None, pca=self.view))
+            assigned = [cid for cid, label in enumerate(self.labels) if label >= 0]
+            labels = [self.labels[cid] for cid in assigned]
+            comm.log(clustering=cluster_record(assigned, labels, None, pca=self.view))
 
     def cluster(self, comm: Comm) -> None:
         """Every client trains w^n and sends Δw_i; the clusters all start from w^n."""
@@ -133,19 +160,31 @@ class FLHCServer(FedAvgServer):
         keys = float_keys(self.weights)
         origin = flatten(self.weights, keys)
         messages = {cid: Message("fit", self.weights) for cid in range(self.ctx.num_clients)}
-        rows = [flatten(reply.tensors, keys) - origin for _, reply in comm.stream(messages)]  # client-id order
-        updates = torch.stack(rows)
+        rows = {cid: flatten(reply.tensors, keys) - origin for cid, reply in comm.stream(messages)}
+        if len(rows) < max(2, opts.num_clusters or 2):
+            return  # too few replies to cluster: FedAvg goes on, and the clustering is tried again
+        updates = torch.stack(list(rows.values()))  # client-id order
         labels = hierarchical_clusters(updates, opts.metric, opts.linkage, opts.num_clusters, opts.distance_threshold)
-        self.labels = labels.tolist()
+        self.labels = [-1] * self.ctx.num_clients
+        for cid, label in zip(rows, labels):
+            self.labels[cid] = int(label)
+        means = cluster_means(updates, labels)
+        self.centroids = torch.stack([means[c] for c in range(len(means))])
         self.clusters = [dict(self.weights) for _ in range(int(labels.max()) + 1)]
         self.view = project_2d(updates)
 
     def train_clusters(self, clients: list[int], comm: Comm) -> None:
-        assert self.labels is not None
-        means = {c: WeightedMean() for c in {self.labels[cid] for cid in clients}}
-        messages = {cid: Message("fit", self.clusters[self.labels[cid]]) for cid in clients}
+        assert self.labels is not None and self.centroids is not None
+        means: dict[int, WeightedMean] = {}
+        keys = float_keys(self.weights)
+        # a client not clustered yet trains w^n; its update picks its cluster
+        messages = {cid: Message("fit", self.evaluation_message(cid).tensors) for cid in clients}
         for cid, reply in comm.stream(messages):
-            means[self.labels[cid]].add(reply.tensors, reply.metrics["num_examples"])
+            if self.labels[cid] < 0:
+                update = flatten(reply.tensors, keys) - flatten(self.weights, keys)
+                self.labels[cid] = nearest(update, self.centroids, self.ctx.options.metric)
+            else:
+                means.setdefault(self.labels[cid], WeightedMean()).add(reply.tensors, reply.metrics["num_examples"])
         for c, mean in means.items():
             self.clusters[c] = mean.result()
 
@@ -153,7 +192,7 @@ class FLHCServer(FedAvgServer):
         return self.weights if self.labels is None else None
 
     def evaluation_message(self, cid: int) -> Message:
-        if self.labels is None:
+        if self.labels is None or self.labels[cid] < 0:
             return Message("evaluate", self.weights)
         return Message("evaluate", self.clusters[self.labels[cid]])
 

@@ -1,7 +1,9 @@
 """The ``fedtail`` command line: run, compare, sweep, report, list, partition.
 
 Every bad input ends in one line ``error: ...`` naming the flag or key and what is allowed,
-with exit code 2, before any run folder is created.
+with exit code 2, before any run folder is created. A run that diverges ends in one line
+``error: run diverged at round R: <what, which client>`` with exit code 3; its folder keeps the
+rows and a ``summary.json`` with ``"status": "diverged"``.
 """
 
 from __future__ import annotations
@@ -17,18 +19,22 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from fedtail.config import FLAG_KEYS, flags_to_nested
-from fedtail.errors import FedtailError
+from fedtail.errors import FedtailError, RunDiverged
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Personalized federated learning on long-tailed data.")
 console = Console(stderr=True)
 
 
-def fail(message: str) -> None:
+EXIT_BAD_INPUT = 2
+EXIT_DIVERGED = 3
+
+
+def fail(message: str, code: int = EXIT_BAD_INPUT) -> None:
     from rich.markup import escape
 
     # escaped: messages quote TOML tables such as [settings.x], which are not Rich markup
     console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
-    raise typer.Exit(2)
+    raise typer.Exit(code)
 
 
 def raw_from_flags(flags: dict[str, Any], config_file: Optional[Path]) -> dict[str, Any]:
@@ -125,6 +131,16 @@ def run(
     checkpoint_every: Optional[int] = typer.Option(
         None, help="write the run's state to OUT/checkpoint.pt every N rounds (0: never; default 25)"
     ),
+    dropout: Optional[float] = typer.Option(None, help="probability that a sampled client fails to reply in a round"),
+    min_replies: Optional[int] = typer.Option(
+        None, help="an exchange with fewer accepted replies skips the round (server state unchanged; default 1)"
+    ),
+    max_update_norm: Optional[float] = typer.Option(
+        None, help="reject replies whose tensors lie farther (L2) than this from those sent"
+    ),
+    on_nonfinite: Optional[str] = typer.Option(
+        None, help="stop (default: the run ends as diverged, exit 3) | reject (only that reply is rejected)"
+    ),
     data_dir: Optional[str] = typer.Option(None, help="folder with the dataset files"),
     set_: list[str] = typer.Option([], "--set", help="KEY=VALUE, e.g. fedprox.mu=0.01 or partition.min_samples=20"),
     config_file: Optional[Path] = typer.Option(None, "--config", help="TOML file with the same keys"),
@@ -151,7 +167,9 @@ def run(
             raw = merge(_folder_config(out), raw)
         config = build_config(raw, set_)
         if is_finished(out) and not overwrite:
-            raise FedtailError(f"--out {out} already holds a finished run; pass --overwrite or choose another folder")
+            raise FedtailError(
+                f"--out {out} already holds a finished (or diverged) run; pass --overwrite or choose another folder"
+            )
         found = None if overwrite else checkpoint_diffs(config, out)
         if found is not None and found[1]:
             info, diffs = found
@@ -166,6 +184,8 @@ def run(
         summary = execute_run(config, out, resume=found is not None)
     except FedtailError as err:
         fail(str(err))
+    except RunDiverged as err:
+        fail(f"{err} (rows and summary.json in {out})", EXIT_DIVERGED)
     except KeyboardInterrupt:
         _interrupted(out)
     print_summary(summary, out)
@@ -239,13 +259,20 @@ def compare(
         for config in configs:
             console.print(f"[bold]{config.algorithm}[/]")
             # a checkpoint of the same run (a stopped compare) is resumed
-            summaries.append(execute_run(config, out / config.algorithm, resume=None))
+            try:
+                summaries.append(execute_run(config, out / config.algorithm, resume=None))
+            except RunDiverged as err:  # the other algorithms still run; the table says which diverged
+                console.print(f"[bold red]{config.algorithm}:[/] {err}", highlight=False, soft_wrap=True)
+                summaries.append({"algorithm": config.algorithm, "status": "diverged", "diverged": err.round})
     except FedtailError as err:
         fail(str(err))
     table = Table(title=f"{configs[0].dataset}, {configs[0].partition.scheme}, IF={configs[0].partition.imbalance:g}")
     for col in ("algorithm", "final pers.", "weighted", "best pers. (round)", "global", "tail", "wall s"):
         table.add_column(col)
     for s in summaries:
+        if s.get("status") == "diverged":
+            table.add_row(s["algorithm"], f"diverged (round {s['diverged']})", *[""] * 5)
+            continue
         f, b = s["final"], s["best"]
         fmt = lambda v: "-" if v is None else f"{v:.4f}"  # noqa: E731
         table.add_row(
@@ -258,6 +285,8 @@ def compare(
             f"{s['wall_time_s']:.0f}",
         )
     Console().print(table)
+    if any(s.get("status") == "diverged" for s in summaries):
+        raise typer.Exit(EXIT_DIVERGED)
 
 
 def _names_option(text: Optional[str]) -> Optional[list[str]]:

@@ -18,6 +18,7 @@ too, and each row adds the stage and the metrics of :mod:`fedtail.metrics.stages
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping
@@ -32,8 +33,9 @@ from fedtail.data.base import Dataset
 from fedtail.engine import checkpoint
 from fedtail.engine.context import ServerContext, Workspace, derive_seed, initial_weights, load_weights
 from fedtail.engine.executors import ClientRuntime, Task, make_executor, stage_views
+from fedtail.engine.replies import Channel, Delivered, ReplyCheck, RoundSkipped, nonfinite_at
 from fedtail.engine.training import evaluate
-from fedtail.errors import ConfigError
+from fedtail.errors import ConfigError, RunDiverged
 from fedtail.metrics import Meter, RunRecord, global_metrics, personalized_metrics, stage_metrics
 from fedtail.partition import Partition
 
@@ -59,28 +61,24 @@ def assign_edges(config: RunConfig, num_clients: int) -> np.ndarray:
     return perm % config.edges
 
 
-class SimComm:
-    """The server half's channel to the clients in the simulator (see ``algorithms.base.Comm``)."""
+class SimComm(Channel):
+    """The server half's channel to the clients in the simulator (see ``algorithms.base.Comm``):
+    client tasks run through the executor; the checks are :class:`~fedtail.engine.replies.Channel`'s."""
 
-    def __init__(self, sim: "Simulation", rnd: int) -> None:
+    def __init__(self, sim: "Simulation", rnd: int, clients: list[int]) -> None:
+        config = sim.config
+        super().__init__(rnd, clients, sim.reply_check, config.faults, config.seed, sim.server_ctx.edge_of)
         self.sim = sim
-        self.rnd = rnd
-        self.calls = 0
-        self.logged: dict[str, Any] = {}
         self.client_wall = 0.0
-        self.loss = _LossAcc()  # the round's training loss, taken from the replies
 
-    def stream(self, messages: Mapping[int, Message]) -> Iterator[tuple[int, Message]]:
-        sim, meter = self.sim, self.sim.meter
+    def _deliver(self, messages: dict[int, Message], call: int) -> Iterator[Delivered]:
+        sim = self.sim
         tasks = []
-        for cid in sorted(messages):
+        for cid, msg in messages.items():
             if not 0 <= cid < sim.num_clients:
                 raise ValueError(f"message for unknown client {cid}")
-            msg = messages[cid]
-            meter.bytes_down += msg.nbytes
-            tasks.append(Task(cid, self.rnd, self.calls, msg, sim.client_state.get(cid, {})))
-        self.calls += 1
-        meter.exchanges += 1
+            tasks.append(Task(cid, self.rnd, call, msg, sim.client_state.get(cid, {})))
+        sim.meter.exchanges += 1
         results = sim.executor.map(tasks)
         while True:
             start = time.perf_counter()
@@ -90,30 +88,14 @@ class SimComm:
                 self.client_wall += time.perf_counter() - start
                 return
             self.client_wall += time.perf_counter() - start
-            sim.client_state[result.cid] = result.state
-            meter.client_task_s += result.seconds
-            meter.bytes_up += result.reply.nbytes
-            meter.samples_trained += int(result.reply.metrics.get("num_samples", 0))
-            self.loss.add(result.reply)
-            yield result.cid, result.reply
+            sim.meter.client_task_s += result.seconds
+            yield Delivered(result.cid, result.reply, result.seconds, result.state)
 
-    def exchange(self, messages: Mapping[int, Message]) -> dict[int, Message]:
-        return dict(self.stream(messages))
+    def _accept(self, answer: Delivered) -> None:
+        self.sim.client_state[answer.cid] = answer.state
 
-    def exchange_via_edges(self, messages: Mapping[int, Message]) -> dict[int, dict[int, Message]]:
-        replies = self.exchange(messages)
-        by_edge: dict[int, dict[int, Message]] = {}
-        for cid, reply in replies.items():
-            by_edge.setdefault(int(self.sim.server_ctx.edge_of[cid]), {})[cid] = reply
-        out = {}
-        for edge_id in sorted(by_edge):
-            forwarded = self.sim.edge.reduce(edge_id, by_edge[edge_id])
-            self.sim.meter.bytes_edge_up += sum(m.nbytes for m in forwarded.values())
-            out[edge_id] = forwarded
-        return out
-
-    def log(self, **values: Any) -> None:
-        self.logged.update(values)
+    def _edge_reduce(self, edge_id: int, replies: dict[int, Message]) -> dict[int, Message]:
+        return self.sim.edge.reduce(edge_id, replies)
 
 
 @dataclass
@@ -146,6 +128,7 @@ class Simulation:
             init_weights=initial_weights(config, self.dataset),
             edge_of=assign_edges(config, self.num_clients),
         )
+        self.reply_check = ReplyCheck(config.faults, self.server_ctx.init_weights)
         self.server: ServerHalf = self.spec.server(self.server_ctx)
         self.edge = (self.spec.edge or EdgeHalf)(self.server_ctx)
         self.groups = self.partition.class_frequency_groups()
@@ -168,6 +151,7 @@ class Simulation:
         config = self.config
         start = time.perf_counter() - self.elapsed_before
         every = config.checkpoint_every
+        self.started = start
         try:
             for rnd in range(self.rounds_done + 1, config.rounds + 1):
                 self.run_round(rnd)
@@ -182,6 +166,12 @@ class Simulation:
         finally:
             self.executor.close()
         return self.record.summary(self.meter, time.perf_counter() - start, config.rounds)
+
+    def diverged_summary(self, err: RunDiverged) -> dict[str, Any]:
+        """``summary.json`` of a run that :meth:`run` stopped with ``err``."""
+        elapsed = time.perf_counter() - self.started
+        summary = self.record.diverged(self.meter, elapsed, self.config.rounds, err.round, err.cause)
+        return summary | {"rounds_log": self.round_logs}  # the rounds after the last evaluation row
 
     def checkpoint_state(self, elapsed: float) -> dict[str, Any]:
         """The state after round ``rounds_done``, as plain containers (see :mod:`fedtail.engine.checkpoint`)."""
@@ -219,24 +209,39 @@ class Simulation:
         checkpoint.set_rng_state(state["rng"])
 
     def run_round(self, rnd: int) -> None:
+        """One round; a round with too few replies is undone (server and edge state as before it).
+
+        Raises :class:`RunDiverged` when a reply, the server's state or the edges' state holds NaN / inf.
+        """
         clients = sample_clients(self.config.seed, rnd, self.num_clients, self.config.clients_per_round)
         self.server_ctx.set_stage(self.config.stage_of(rnd))
-        comm = SimComm(self, rnd)
-        samples_before = self.meter.samples_trained
+        comm = SimComm(self, rnd, clients)
+        before = copy.deepcopy((checkpoint.encode(self.server.state_dict()), checkpoint.encode(self.edge.state_dict())))
         start = time.perf_counter()
-        self.server.run_round(rnd, clients, comm)
-        elapsed = time.perf_counter() - start
-        self.meter.client_s += comm.client_wall
-        self.meter.server_s += elapsed - comm.client_wall
-        self.round_logs.append(
-            {
-                "round": rnd,
-                "clients": clients,
-                "train_loss": comm.loss.value,
-                "samples": self.meter.samples_trained - samples_before,
-            }
-            | comm.logged
-        )
+        try:
+            self.server.run_round(rnd, clients, comm)
+        except RoundSkipped as skip:
+            self.server.load_state_dict(checkpoint.decode(before[0]))
+            self.edge.load_state_dict(checkpoint.decode(before[1]))
+            comm.round.skipped = str(skip)
+        finally:
+            elapsed = time.perf_counter() - start
+            meter = self.meter
+            meter.client_s += comm.client_wall
+            meter.server_s += elapsed - comm.client_wall
+            meter.bytes_down += comm.bytes_down
+            meter.bytes_up += comm.bytes_up
+            meter.bytes_edge_up += comm.bytes_edge_up
+            meter.samples_trained += comm.samples
+            self.round_logs.append(
+                {"round": rnd, "clients": clients, "train_loss": comm.train_loss, "samples": comm.samples}
+                | comm.round.log()
+                | comm.logged
+            )
+        for what, half in (("the server's state", self.server), ("the edges' state", self.edge)):
+            where = nonfinite_at(half.state_dict())
+            if where:
+                raise RunDiverged(rnd, f"non-finite value in {what} ({where})")
 
     def evaluate(self, rnd: int, elapsed: float) -> dict[str, Any]:
         start = time.perf_counter()
@@ -302,21 +307,3 @@ class Simulation:
         global_correct, global_total = global_seen or (None, None)
         metrics = stage_metrics(correct, total, stage_classes, participants, global_correct, global_total)
         return {"stage": stage} | metrics
-
-
-class _LossAcc:
-    """Sample-weighted mean training loss over a round's replies."""
-
-    def __init__(self) -> None:
-        self.loss_sum = 0.0
-        self.samples = 0.0
-
-    def add(self, reply: Message) -> None:
-        n = reply.metrics.get("num_samples", 0.0)
-        if n and "train_loss" in reply.metrics:
-            self.loss_sum += reply.metrics["train_loss"] * n
-            self.samples += n
-
-    @property
-    def value(self) -> float | None:
-        return self.loss_sum / self.samples if self.samples else None

@@ -43,7 +43,10 @@ class TrainStats:
         return self
 
     def as_metrics(self) -> dict[str, float]:
-        return {"train_loss": self.loss, "num_samples": float(self.samples), "num_steps": float(self.steps)}
+        """The totals as reply metrics; ``train_loss`` only when something was trained (a NaN
+        there means divergence to the engine, not "no training")."""
+        loss = {"train_loss": self.loss} if self.samples else {}
+        return loss | {"num_samples": float(self.samples), "num_steps": float(self.steps)}
 
 
 def batches(index: torch.Tensor, batch_size: int, generator: torch.Generator) -> Iterable[torch.Tensor]:

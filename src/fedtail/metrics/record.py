@@ -60,6 +60,7 @@ class RunRecord:
         # Stage runs add their keys (A_local, A_global, A_part, the stage); other runs' summaries are unchanged.
         keys += tuple(k for k in STAGE_KEYS if k in final)
         return {
+            "status": "finished",
             "final": {"round": final["round"]} | {k: final.get(k) for k in keys},
             "best": {"round": best["round"]} | {k: best.get(k) for k in keys},
             "best_global": (
@@ -69,9 +70,23 @@ class RunRecord:
             ),
             "rounds_to_accuracy": rounds_to_accuracy(history, self.targets),
             "rounds": rounds,
-            "wall_time_s": wall_time_s,
-            "samples_trained": meter.samples_trained,
-            "samples_per_s": meter.samples_trained / meter.client_s if meter.client_s else None,
-            "time_s": {"client": meter.client_s, "client_tasks": meter.client_task_s, "server": meter.server_s, "evaluation": meter.eval_s},
-            "bytes": {"down": meter.bytes_down, "up": meter.bytes_up, "edge_up": meter.bytes_edge_up},
-        }
+        } | costs(meter, wall_time_s)
+
+    def diverged(self, meter: Meter, wall_time_s: float, rounds: int, rnd: int, cause: str) -> dict[str, Any]:
+        """The summary of a run stopped by divergence: where and why, the costs, no accuracy as a result."""
+        return {
+            "status": "diverged",
+            "diverged": {"round": rnd, "cause": cause},
+            "last_evaluated_round": self.rows[-1]["round"] if self.rows else None,
+            "rounds": rounds,
+        } | costs(meter, wall_time_s)
+
+
+def costs(meter: Meter, wall_time_s: float) -> dict[str, Any]:
+    return {
+        "wall_time_s": wall_time_s,
+        "samples_trained": meter.samples_trained,
+        "samples_per_s": meter.samples_trained / meter.client_s if meter.client_s else None,
+        "time_s": {"client": meter.client_s, "client_tasks": meter.client_task_s, "server": meter.server_s, "evaluation": meter.eval_s},
+        "bytes": {"down": meter.bytes_down, "up": meter.bytes_up, "edge_up": meter.bytes_edge_up},
+    }
