@@ -589,3 +589,29 @@ def test_a_runner_past_its_deadline_starts_nothing_and_learns_from_what_it_runs(
     assert runner.times.expect(second) is None
     (done,) = runner.map([first], lambda o: None)
     assert done.ok and runner.times.expect(second) == pytest.approx(done.minutes)
+
+
+def test_a_diverged_run_is_recorded_kept_and_rerun_only_when_asked(tmp_path):
+    # lr 1e12 makes the first local step non-finite: that run diverges in round 1
+    body = "[settings.a05]\n[methods.fedavg]\n[methods.wild]\nalgorithm = \"fedavg\"\ntrain = { lr = 1e12 }\n"
+    path = sweep_file(tmp_path, body)
+    res = invoke("sweep", path, "--jobs", "1")
+    assert res.exit_code == 0, res.output  # a diverged run is a result, not a failure of the sweep
+    assert "diverged" in res.output and "1 diverged" in res.output
+    plan = json.loads((tmp_path / "runs" / "sweep.json").read_text())
+    status = {r["dir"]: (r["status"], r.get("note", "")) for r in plan["runs"]}
+    assert status["a05/fedavg/seed0"][0] == "done"
+    assert status["a05/wild/seed0"][0] == "diverged" and status["a05/wild/seed0"][1].startswith("diverged at round 1:")
+    wild = next(r for r in load_sweep(path).runs if r.method == "wild")
+    assert run_status(wild).state == "diverged"
+    before = (wild.dir / "summary.json").stat().st_mtime_ns
+    res = invoke("sweep", path, "--jobs", "1")  # nothing to run: the diverged run is kept
+    assert res.exit_code == 0 and (wild.dir / "summary.json").stat().st_mtime_ns == before
+    res = invoke("sweep", path, "--jobs", "1", "--rerun-diverged")
+    assert res.exit_code == 0 and (wild.dir / "summary.json").stat().st_mtime_ns != before
+
+    report = tmp_path / "report.md"
+    res = invoke("report", "--sweep", path, "--out", report)
+    assert res.exit_code == 0, res.output
+    row = next(line for line in report.read_text().splitlines() if line.startswith("| wild "))
+    assert "diverged (round 1)" in row and "%" not in row

@@ -301,6 +301,7 @@ def sweep(
     settings: Optional[str] = typer.Option(None, help="comma-separated subset of the file's settings"),
     dry_run: bool = typer.Option(False, "--dry-run", help="list the runs with their status; run nothing"),
     force: bool = typer.Option(False, "--force", help="rerun finished runs whose config differs (stale)"),
+    rerun_diverged: bool = typer.Option(False, "--rerun-diverged", help="rerun runs that diverged (kept otherwise)"),
     out: Optional[Path] = typer.Option(None, "--out", help="folder of the runs (overrides the file's `out`)"),
     time_limit: Optional[str] = typer.Option(
         None,
@@ -326,6 +327,7 @@ def sweep(
             console=console,
             stdout=Console(),
             time_limit=time_limit,
+            rerun_diverged=rerun_diverged,
         )
     except FedtailError as err:
         fail(str(err))

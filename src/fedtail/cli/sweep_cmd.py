@@ -55,6 +55,8 @@ def describe_outcome(outcome: RunOutcome) -> str:
         return f"[yellow]skipped[/] {where}: {escape(outcome.skipped)}"
     if outcome.deferred:
         return f"[cyan]deferred[/] {where}: {escape(outcome.deferred)}"
+    if outcome.diverged:
+        return f"[bold red]diverged[/] {where}: {escape(outcome.diverged)}"
     if not outcome.ok:
         return f"[red]failed[/] {where} after {outcome.minutes:.1f} min"
     s = outcome.summary or {}
@@ -76,12 +78,13 @@ def execute(
     force: bool = False,
     deadline: float | None = None,
     times: WallTimes | None = None,
+    rerun_diverged: bool = False,
 ) -> list[RunOutcome]:
     """Run the selected pending (and, with ``force``, stale) runs; writes ``{out}/sweep.json`` if any.
 
     ``deadline`` (:func:`time.monotonic`): runs expected to end later are deferred (:class:`Runner`).
     """
-    todo = to_run(statuses, sweep, force)
+    todo = to_run(statuses, sweep, force, rerun_diverged)
     if not todo:  # nothing changes: sweep.json keeps the record of the sweep that ran the runs
         return []
     record = SweepRecord(sweep, statuses, command, jobs)
@@ -105,7 +108,8 @@ def execute(
             progress.advance(task)
 
         try:
-            outcomes = Runner(jobs, force, deadline, learned(statuses) if times is None else times).map(todo, on_done)
+            times = learned(statuses) if times is None else times
+            outcomes = Runner(jobs, force, deadline, times, rerun_diverged).map(todo, on_done)
         except BaseException:
             record.interrupt(todo)
             raise
@@ -134,7 +138,7 @@ def plan_table(sweep: Sweep, statuses: list[RunStatus], est: Estimate) -> tuple[
     table = Table(title=escape(f"{sweep.file}: {len(selected)} runs -> {sweep.out}"))
     for col in ("#", "setting", "method", "seed", "algorithm", "status", "min"):
         table.add_column(col, overflow="fold", justify="right" if col == "min" else "left")
-    style = {"done": "green", "partial": "cyan", "pending": "yellow", "stale": "red", "busy": "magenta"}
+    style = {"done": "green", "diverged": "red", "partial": "cyan", "pending": "yellow", "stale": "red", "busy": "magenta"}
     notes: list[str] = []
     for i, st in enumerate((s for s in statuses if s.run.dir in selected), 1):
         run = st.run
@@ -159,6 +163,7 @@ def sweep_command(
     console: Any,
     stdout: Any,
     time_limit: str | None = None,
+    rerun_diverged: bool = False,
 ) -> int:
     """``fedtail sweep``: 0 unless a run failed (then 1).
 
@@ -187,6 +192,7 @@ def sweep_command(
         if value is not None:
             argv += [flag, ",".join(value) if isinstance(value, list) else str(value)]
     argv += ["--force"] if force else []
+    argv += ["--rerun-diverged"] if rerun_diverged else []
     argv += ["--time-limit", time_limit] if time_limit is not None else []
     say = lambda text: console.print(text, highlight=False, soft_wrap=True)  # noqa: E731
     busy = busy_dirs()
@@ -196,6 +202,7 @@ def sweep_command(
     check_stale([s for s in statuses if s.run.dir in selected], force)
     counts = count(statuses, plan)
     todo = counts["pending"] + counts["partial"] + (counts["stale"] if force else 0)
+    todo += counts["diverged"] if rerun_diverged else 0
     resumed = f" ({counts['partial']} resumed from checkpoints)" if counts["partial"] else ""
     say(
         escape(
@@ -212,15 +219,27 @@ def sweep_command(
         if st.state == "busy" and st.run.dir in selected:
             say(f"[yellow]warning:[/] {escape(str(st.run.dir))}: {escape(st.note)}")
     outcomes = execute(
-        plan, statuses, jobs=n_jobs, command=shlex.join(argv), console=console, force=force, deadline=deadline, times=times
+        plan,
+        statuses,
+        jobs=n_jobs,
+        command=shlex.join(argv),
+        console=console,
+        force=force,
+        deadline=deadline,
+        times=times,
+        rerun_diverged=rerun_diverged,
     )
-    failed = [o for o in outcomes if not o.ok and not o.skipped and not o.deferred]
+    diverged = [o for o in outcomes if o.diverged]
+    failed = [o for o in outcomes if not o.ok and not o.skipped and not o.deferred and not o.diverged]
+    for o in diverged:
+        say(f"[bold red]diverged:[/] {escape(str(o.run.dir))}: {escape(o.diverged)}")
     skipped = [o for o in outcomes if o.skipped]
     deferred = [o for o in outcomes if o.deferred]
     for o in failed:
         say(f"[bold red]failed:[/] {escape(str(o.run.dir))}\n{escape(o.error)}")
-    finished = len(outcomes) - len(failed) - len(skipped) - len(deferred)
-    also = f", {len(skipped)} skipped (another sweep has them)" if skipped else ""
+    finished = len(outcomes) - len(failed) - len(skipped) - len(deferred) - len(diverged)
+    also = f", {len(diverged)} diverged (rerun with --rerun-diverged)" if diverged else ""
+    also += f", {len(skipped)} skipped (another sweep has them)" if skipped else ""
     also += f", {len(deferred)} deferred (would not end within the time limit)" if deferred else ""
     say(escape(f"{finished} runs finished, {len(failed)} failed{also}; plan in {plan.out / 'sweep.json'}"))
     return 1 if failed else 0

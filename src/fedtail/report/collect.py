@@ -33,6 +33,7 @@ class Run:
     problem: str = ""  # why an unfinished run is unfinished, or why a stale one is left out
     # finished, but with another config than the sweep file plans for its folder: not in the tables
     stale: bool = False
+    diverged: int | None = None  # the round at which the run diverged (its summary says so); not finished
     _metrics: list[dict[str, Any]] | None = field(default=None, repr=False)
 
     @property
@@ -72,6 +73,9 @@ class Collection:
 
     def unfinished(self, setting: str, method: str) -> list[Run]:
         return [r for r in self.runs if not r.finished and r.setting == setting and r.method == method]
+
+    def diverged(self, setting: str, method: str) -> list[Run]:
+        return [r for r in self.unfinished(setting, method) if r.diverged is not None and not r.stale]
 
 
 def _read_json(path: Path) -> tuple[Any, str]:
@@ -178,7 +182,8 @@ def collect(paths: list[Path]) -> Collection:
     methods = _order([s.get("methods", []) for s in sweeps], [r.method for r in runs], [c[1] for c in expected])
     for run in runs:
         if not run.finished:
-            warnings.append(f"{run.dir}: unfinished run ({run.problem}); not in the tables")
+            what = "diverged run; its cells say so" if run.diverged is not None else "unfinished run; not in the tables"
+            warnings.append(f"{run.dir}: {what} ({run.problem})")
     return Collection(runs, settings, methods, expected, sweeps, warnings)
 
 
@@ -186,7 +191,12 @@ def load_run(d: Path, warnings: list[str]) -> Run | None:
     """The run in folder ``d`` (finished or not), None if it holds neither file readably."""
     config, _ = _read_json(d / "config.json")
     summary, s_problem = _read_json(d / "summary.json")
-    if summary is not None and not _valid_summary(summary):
+    diverged = None
+    if isinstance(summary, dict) and summary.get("status") == "diverged":
+        info = summary.get("diverged") or {}
+        diverged = info.get("round") if isinstance(info.get("round"), int) else 0
+        s_problem, summary = f"diverged at round {info.get('round', '?')}: {info.get('cause', '?')}", None
+    elif summary is not None and not _valid_summary(summary):
         warnings.append(f"{d / 'summary.json'}: lacks final/best personalized_acc; treated as unfinished")
         s_problem, summary = "summary.json without final/best personalized_acc", None
     if not isinstance(config, dict) or "algorithm" not in config:
@@ -204,10 +214,13 @@ def load_run(d: Path, warnings: list[str]) -> Run | None:
     absolute = d.resolve()
     if m and (seed is None or seed == int(m.group(1))) and len(absolute.parents) >= 3:
         layout_root = d.parent.parent.parent if len(d.parts) >= 3 else absolute.parents[2]
-        return Run(d, absolute.parents[1].name, absolute.parent.name, int(m.group(1)), config, summary, layout_root, problem)
-    if config is None or "partition" not in config:
-        warnings.append(f"{d}: no config.json with a partition; grouped under setting '?'")
-    return Run(d, setting_label(config or {}), method_label(config or {}), seed, config, summary, None, problem)
+        run = Run(d, absolute.parents[1].name, absolute.parent.name, int(m.group(1)), config, summary, layout_root, problem)
+    else:
+        if config is None or "partition" not in config:
+            warnings.append(f"{d}: no config.json with a partition; grouped under setting '?'")
+        run = Run(d, setting_label(config or {}), method_label(config or {}), seed, config, summary, None, problem)
+    run.diverged = diverged
+    return run
 
 
 def _drop_duplicate_seeds(runs: list[Run], warnings: list[str]) -> None:

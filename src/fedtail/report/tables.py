@@ -2,7 +2,9 @@
 
 Cells aggregate the finished runs (seeds) of one (setting, method): the mean and the sample
 standard deviation (n - 1 in the denominator; none for a single seed) of a summary value, in
-percent with two decimals: ``85.01 ± 0.32 (2 seeds)``. A cell without finished runs is "—".
+percent with two decimals: ``85.01 ± 0.32 (2 seeds)``. A cell without finished runs is "—";
+runs that diverged are never averaged in: the cell says ``diverged (round R)`` (after the mean of
+the seeds that finished, if any).
 """
 
 from __future__ import annotations
@@ -70,6 +72,17 @@ def format_cell(c: Cell, show_rounds: bool = False) -> str:
         lo, hi = min(c.rounds), max(c.rounds)
         text += f" @ r{lo}" if lo == hi else f" @ r{lo}–{hi}"
     return text
+
+
+def cell_text(col: Collection, setting: str, method: str, which: str, key: str = "personalized_acc") -> str:
+    """The table cell of (setting, method): the finished seeds' statistic, and the diverged runs."""
+    text = format_cell(cell(col.finished(setting, method), which, key), show_rounds=which == "best" and key == "personalized_acc")
+    rounds = sorted(r.diverged for r in col.diverged(setting, method))
+    if not rounds:
+        return text
+    where = ", ".join(f"round {r}" for r in rounds)
+    note = f"diverged ({where})" if len(rounds) == 1 else f"{len(rounds)} diverged ({where})"
+    return note if text == DASH else f"{text}; {note}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -175,7 +188,7 @@ def accuracy_table(col: Collection, which: str, reference: Reference | None = No
     for m in col.methods:
         row = [m]
         for s in col.settings:
-            row.append(format_cell(cell(col.finished(s, m), which), show_rounds=which == "best"))
+            row.append(cell_text(col, s, m, which))
             if use_ref and s in reference.values:  # type: ignore[union-attr]
                 ref = reference.get(s, m)  # type: ignore[union-attr]
                 row.append(DASH if ref is None else f"{ref:.2f}")
@@ -192,7 +205,7 @@ def stage_table(col: Collection) -> str:
     """Final-round A_local / A_global / A_part: rows = methods, three columns per setting."""
     header = ["method"] + [f"{s} {name}" for s in col.settings for name in STAGE_METRICS.values()]
     rows = [
-        [m] + [format_cell(cell(col.finished(s, m), "final", key)) for s in col.settings for key in STAGE_METRICS]
+        [m] + [cell_text(col, s, m, "final", key) for s in col.settings for key in STAGE_METRICS]
         for m in col.methods
     ]
     return markdown_table(header, rows)
@@ -264,7 +277,7 @@ def incomplete_cells(col: Collection) -> list[str]:
             why = []
             for seed in missing:
                 run = unfinished.get(seed)
-                state = "stale" if run is not None and run.stale else "unfinished"
+                state = "stale" if run is not None and run.stale else "diverged" if run and run.diverged is not None else "unfinished"
                 why.append(f"seed {seed}: " + (f"{state} ({run.problem}) in {run.dir}" if run else "no run folder"))
             n_expected = len(expected | done)
             lines.append(f"`{s}` / `{m}`: {len(done)} of {n_expected} seeds finished" + ("; " + "; ".join(why) if why else ""))

@@ -22,9 +22,10 @@ from typing import Any, Callable
 from fedtail.report.runfiles import checkpoint_info, config_diff, is_finished
 from fedtail.sweep.estimate import WallTimes
 from fedtail.sweep.spec import PlannedRun, Sweep
-from fedtail.sweep.status import PidLock, busy_dirs, claim_path, run_status
+from fedtail.sweep.status import PidLock, busy_dirs, claim_path, diverged_note, run_status
 
 LOG_NAME = "run.log"
+EXIT_DIVERGED = 3  # runone's exit code of a diverged run
 RUNONE = "fedtail.sweep.runone"
 
 
@@ -40,6 +41,8 @@ class RunOutcome:
     skipped: str = ""
     # why the run was left for a later sweep: it would not end within the time limit; not a failure
     deferred: str = ""
+    # where and why the run diverged (its summary says so); ``ok`` is False
+    diverged: str = ""
 
 
 def tail(path: Path, lines: int = 8) -> str:
@@ -65,10 +68,16 @@ class Runner:
     """
 
     def __init__(
-        self, jobs: int, force: bool = False, deadline: float | None = None, times: WallTimes | None = None
+        self,
+        jobs: int,
+        force: bool = False,
+        deadline: float | None = None,
+        times: WallTimes | None = None,
+        rerun_diverged: bool = False,
     ) -> None:
         self.jobs = jobs
         self.force = force
+        self.rerun_diverged = rerun_diverged
         self.deadline = deadline
         self.times = WallTimes() if times is None else times
         self.procs: dict[Path, subprocess.Popen] = {}
@@ -98,6 +107,8 @@ class Runner:
                 except (OSError, ValueError):
                     summary = None
                 return RunOutcome(run, False, 0.0, summary, skipped="finished by another sweep meanwhile")
+            if st.state == "diverged" and not self.rerun_diverged:
+                return RunOutcome(run, False, 0.0, skipped=f"diverged by another sweep meanwhile: {st.note}")
             if st.state == "busy" or (st.state == "stale" and not self.force):
                 return RunOutcome(run, False, 0.0, skipped=f"{st.state} when its turn came: {st.note}")
             outcome = self._execute(run, resume=st.state == "partial")
@@ -146,11 +157,13 @@ class Runner:
                     self.procs.pop(run.dir, None)
         minutes = (time.perf_counter() - start) / 60
         summary = None
-        if proc.returncode == 0:
+        if proc.returncode in (0, EXIT_DIVERGED):
             try:
                 summary = json.loads((run.dir / "summary.json").read_text())
             except (OSError, ValueError):
                 summary = None
+        if proc.returncode == EXIT_DIVERGED and summary is not None:
+            return RunOutcome(run, False, minutes, summary, diverged=diverged_note(run.dir))
         if summary is None:
             return RunOutcome(run, False, minutes, error=f"exit code {proc.returncode}\n" + tail(log))
         wall = summary.get("wall_time_s")

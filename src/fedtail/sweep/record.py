@@ -73,7 +73,7 @@ def _wins(theirs: dict[str, Any], mine: dict[str, Any]) -> bool:
     """Whether another sweep's entry of a run replaces this sweep's: the one set later, except
     that "skipped" (the sweep saw the run busy) never replaces an outcome (done or failed): the
     sweep that saw the run busy may record that after the other sweep recorded the outcome."""
-    outcome = ("done", "failed")
+    outcome = ("done", "failed", "diverged")
     if theirs.get("status") == "skipped" and mine.get("status") in outcome:
         return False
     if mine.get("status") == "skipped" and theirs.get("status") in outcome:
@@ -158,6 +158,10 @@ class SweepRecord:
                 entry = self.entries[outcome.run.dir]
                 entry.update(status="done", note=outcome.skipped)
                 _set_accuracies(entry, outcome.summary)
+            elif outcome is not None and outcome.diverged:
+                entry = self.entries[outcome.run.dir]
+                entry.update(status="diverged", note=outcome.diverged, at=_stamp(), minutes=round(outcome.minutes, 3))
+                entry.pop("error", None)
             elif outcome is not None:
                 entry = self.entries[outcome.run.dir]
                 entry["status"] = status or ("done" if outcome.ok else "failed")

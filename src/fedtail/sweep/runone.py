@@ -7,7 +7,8 @@ and run with the same :func:`fedtail.runner.run_to_folder` as ``fedtail run``; a
 the same config in RUN_DIR is resumed from. Each evaluation prints one line (round, accuracy,
 elapsed time), so ``run.log`` shows a long run's progress.
 Exit codes:
-0 finished, 2 bad input (one ``error:`` line), 1 the run crashed (traceback, ``FAILED``).
+0 finished, 2 bad input (one ``error:`` line), 3 diverged (one ``error:`` line; ``summary.json``
+says so), 1 the run crashed (traceback, ``FAILED``).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m fedtail.sweep.runone RUN_DIR < config.json", file=sys.stderr)
         return 2
     from fedtail.config import build_config
-    from fedtail.errors import FedtailError
+    from fedtail.errors import FedtailError, RunDiverged
     from fedtail.runner import run_to_folder
 
     try:
@@ -33,6 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     except FedtailError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except RunDiverged as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 3
     except json.JSONDecodeError as err:
         print(f"error: the config on stdin is not JSON ({err})", file=sys.stderr)
         return 2

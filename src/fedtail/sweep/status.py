@@ -1,7 +1,8 @@
 """The run folders on disk: done, partial, pending, stale or busy; and the claim of a run being run.
 
 A folder whose ``summary.json`` exists and whose ``config.json`` equals the planned config
-(ignoring :data:`IGNORED_KEYS`) is *done*; a finished folder with another config is *stale*;
+(ignoring :data:`IGNORED_KEYS`) is *done*, or *diverged* when that summary says the run diverged
+(rerun only with ``--rerun-diverged``); a finished folder with another config is *stale*;
 an unfinished folder named on the command line of a live process is *busy*; an unfinished
 folder with a checkpoint of the planned config is *partial* (resumed from the checkpoint);
 anything else is *pending* (cleared and rerun).
@@ -19,13 +20,13 @@ from fedtail.errors import ConfigError
 from fedtail.report.runfiles import IGNORED_KEYS, checkpoint_info, config_diff  # noqa: F401 (IGNORED_KEYS: re-exported)
 from fedtail.sweep.spec import PlannedRun, Sweep
 
-STATES = ("done", "pending", "stale", "busy", "partial")
+STATES = ("done", "pending", "stale", "busy", "partial", "diverged")
 
 
 @dataclass(frozen=True)
 class RunStatus:
     run: PlannedRun
-    state: str  # done | partial | pending | stale | busy
+    state: str  # done | diverged | partial | pending | stale | busy
     note: str = ""
     diffs: tuple[str, ...] = ()
     rounds_done: int = 0  # partial: the round of the checkpoint it resumes from
@@ -79,7 +80,8 @@ def run_status(run: PlannedRun, busy: set[Path] | frozenset = frozenset()) -> Ru
         diffs = tuple(config_diff(existing, run.config_dict()))
         if diffs:
             return RunStatus(run, "stale", "finished with a different config: " + "; ".join(diffs), diffs)
-        return RunStatus(run, "done")
+        diverged = diverged_note(d)
+        return RunStatus(run, "diverged", diverged) if diverged else RunStatus(run, "done")
     if d.is_dir() and any(d.iterdir()):
         if d.resolve() in busy:
             return RunStatus(run, "busy", "in use by a running process; left alone")
@@ -95,6 +97,18 @@ def run_status(run: PlannedRun, busy: set[Path] | frozenset = frozenset()) -> Ru
             why += "; its checkpoint is of another config: " + "; ".join(diffs)
         return RunStatus(run, "pending", f"unfinished folder ({why}); it will be cleared")
     return RunStatus(run, "pending")
+
+
+def diverged_note(run_dir: Path) -> str:
+    """"diverged at round R: cause" when the folder's summary says the run diverged, else ""."""
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return ""
+    if not isinstance(summary, dict) or summary.get("status") != "diverged":
+        return ""
+    info = summary.get("diverged") or {}
+    return f"diverged at round {info.get('round', '?')}: {info.get('cause', '?')}"
 
 
 def check_stale(statuses: list[RunStatus], force: bool) -> None:
@@ -117,14 +131,12 @@ def count(statuses: list[RunStatus], sweep: Sweep) -> dict[str, int]:
     return out
 
 
-def to_run(statuses: list[RunStatus], sweep: Sweep, force: bool) -> list[PlannedRun]:
-    """The selected runs to execute, in plan order: partial and pending ones and, with ``force``, stale ones."""
+def to_run(statuses: list[RunStatus], sweep: Sweep, force: bool, rerun_diverged: bool = False) -> list[PlannedRun]:
+    """The selected runs to execute, in plan order: partial and pending ones and, with ``force``,
+    stale ones; with ``rerun_diverged``, diverged ones."""
     selected = sweep.selected_dirs()
-    return [
-        st.run
-        for st in statuses
-        if st.run.dir in selected and (st.state in ("partial", "pending") or (force and st.state == "stale"))
-    ]
+    wanted = {"partial", "pending"} | ({"stale"} if force else set()) | ({"diverged"} if rerun_diverged else set())
+    return [st.run for st in statuses if st.run.dir in selected and st.state in wanted]
 
 
 class PidLock:
