@@ -29,6 +29,9 @@ from fedtail.partition import PartitionConfig
 
 
 CHECKPOINT_EVERY = 25  # default rounds between checkpoints (see RunConfig.checkpoint_every)
+# Default rounds between full clustering records: keeps a 1000-round FedAC run with 100 clients
+# under 1 MB of metrics.jsonl (benchmarks/fedac/README.md, "Clustering records").
+LOG_CLUSTERING_EVERY = 25
 
 
 class TrainConfig(BaseModel):
@@ -90,6 +93,12 @@ class RunConfig(BaseModel):
         ge=0,
         description="--checkpoint-every: write the run's state to checkpoint.pt every N rounds (0: never), "
         "so a stopped run resumes there; does not change results",
+    )
+    log_clustering_every: int = Field(
+        LOG_CLUSTERING_EVERY,
+        ge=1,
+        description="--log-clustering-every: the clustered methods' full clustering record (assignment and "
+        "PCA view) every N rounds and at the last, only the number of clusters in between; does not change results",
     )
 
     @field_validator("fraction")
@@ -155,6 +164,8 @@ class RunConfig(BaseModel):
             data.pop("rounds_per_stage", None)
         if self.checkpoint_every == CHECKPOINT_EVERY:  # likewise: the default leaves config.json as it was
             data.pop("checkpoint_every", None)
+        if self.log_clustering_every == LOG_CLUSTERING_EVERY:  # likewise
+            data.pop("log_clustering_every", None)
         return data
 
     # -- the stage schedule (GLDP's stage tasks; one stage for every other partition) ---------
@@ -320,6 +331,7 @@ FLAG_KEYS: dict[str, tuple[str, ...]] = {
     "eval_every": ("eval_every",),
     "eval_split": ("eval_split",),
     "checkpoint_every": ("checkpoint_every",),
+    "log_clustering_every": ("log_clustering_every",),
 }
 
 

@@ -72,6 +72,7 @@ from fedtail.algorithms.clustering import (
     cosine_matrix,
     float_keys,
     flatten,
+    full_record,
     relabel,
     squared_distances,
     unflatten,
@@ -273,8 +274,13 @@ class FedACServer(ServerHalf):
                 self.models, self.labels, self.centres, opts.gc_low, opts.gc_high, opts.max_clusters, seed
             )
             self.centres, self.labels = m_step(self.models, labels, weights)
-        points = reduce(self.pca, self.models, opts.pca_center) if self.pca is not None else self.models
-        comm.log(clustering=cluster_record(self.known, self.labels, points, **info))
+        pca, models = self.pca, self.models
+
+        def points() -> torch.Tensor:  # the LrCos coordinates, for the log's 2-D view
+            return reduce(pca, models, opts.pca_center) if pca is not None else models
+
+        full = full_record(self.ctx.config, rnd)
+        comm.log(clustering=cluster_record(self.known, self.labels, points, full=full, **info))
 
     def _store(self, cid: int, row: torch.Tensor) -> None:
         if cid in self.known:

@@ -30,8 +30,8 @@ Interpretations where the paper is silent (each a named option or noted here):
   threshold alone switches ``num_clusters`` off; giving both is an error.
 - After the clustering there is no global model: :meth:`global_weights` is None, so the global
   test split is no longer evaluated (``global_acc`` is null from round n on).
-- From round n on every round logs ``clustering`` (all clients, their cluster, and a 2-D PCA
-  view of the clustering updates, computed once).
+- From round n on every round logs ``clustering``; its full record (``log_clustering_every``)
+  has all clients, their cluster, and a 2-D PCA view of the clustering updates, computed once.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from sklearn.cluster import AgglomerativeClustering
 
 from fedtail.algorithms.aggregate import WeightedMean
 from fedtail.algorithms.base import Algorithm, AlgorithmConfig, Comm, Message, Tensors
-from fedtail.algorithms.clustering import cluster_record, float_keys, flatten, project_2d, relabel
+from fedtail.algorithms.clustering import cluster_record, float_keys, flatten, full_record, project_2d, relabel
 from fedtail.algorithms.fedavg import FedAvgClient, FedAvgServer
 from fedtail.errors import ConfigError
 
@@ -125,7 +125,8 @@ class FLHCServer(FedAvgServer):
         else:
             self.train_clusters(clients, comm)
         if self.labels is not None:
-            comm.log(clustering=cluster_record(range(self.ctx.num_clients), self.labels, None, pca=self.view))
+            full = full_record(self.ctx.config, rnd)
+            comm.log(clustering=cluster_record(range(self.ctx.num_clients), self.labels, full=full, view=self.view))
 
     def cluster(self, comm: Comm) -> None:
         """Every client trains w^n and sends Δw_i; the clusters all start from w^n."""
