@@ -176,7 +176,8 @@ def test_bad_num_classes(num_classes: int) -> None:
 
 
 def test_descriptions_are_one_line() -> None:
-    assert set(MODELS) == {"cnn-fmnist", "cnn2fc", "convnet", "convnet-wide", "alexnet-small", "resnet8", "resnet18", "mlp"}
+    names = {"cnn-fmnist", "cnn2fc", "convnet", "convnet-wide", "alexnet-small", "resnet8", "resnet18", "mlp"}
+    assert set(MODELS) == names
     for text in MODELS.values():
         assert text and "\n" not in text
 

@@ -42,7 +42,10 @@ def main(dirs: list[str]) -> None:
                 total += line_bytes(r | {"rounds_log": logs})
             return total
 
-        bare = sum(line_bytes(r | {"rounds_log": [{k: v for k, v in e.items() if k != "clustering"} for e in r["rounds_log"]]}) for r in rows)
+        bare = sum(
+            line_bytes(r | {"rounds_log": [{k: v for k, v in e.items() if k != "clustering"} for e in r["rounds_log"]]})
+            for r in rows
+        )
         print(
             json.dumps(
                 {
