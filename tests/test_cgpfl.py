@@ -141,7 +141,7 @@ def test_clusters_continue_the_nearest_generalized_models():
 
 
 def server_for(**options):
-    return simulation(tiny_config(algorithm="cgpfl", options=options)).server
+    return simulation(tiny_config(algorithm="cgpfl", options=options, log_clustering_every=1)).server
 
 
 def uploads_around(init: dict, offsets: dict[int, float]) -> dict[int, dict]:
@@ -217,7 +217,7 @@ def test_between_reclusterings_clients_keep_their_cluster_and_newcomers_join_the
 # --- end to end ---------------------------------------------------------------------------------
 
 def test_runs_end_to_end_above_chance(tmp_path):
-    result = run_cli(tmp_path, "cgpfl", "cgpfl.num_clusters=2")
+    result = run_cli(tmp_path, "cgpfl", "cgpfl.num_clusters=2", flags=["--log-clustering-every", "1"])
     assert 1 / 5 < result.final["personalized_acc"] <= 1
     assert result.final["global_acc"] is None
     logs = result.logs

@@ -21,15 +21,21 @@ from fedtail.engine.context import ClientContext
 from fedtail.errors import ConfigError
 from helpers import (
     CLUSTERED_SMOKE,
+    ScriptedComm,
     assert_config_error,
     assert_same,
     assert_serial_and_parallel_agree,
+    distance,
     fit,
     planted_groups,
+    reply,
     run,
     run_cli,
     runtime,
     same_partition,
+    set_options,
+    simulation,
+    strip_timing,
 )
 
 
@@ -158,6 +164,55 @@ def test_client_keeps_its_personal_model_and_a_strong_mu_holds_it_at_the_centre(
     strong = runtime(tiny_config(algorithm="fedac", options={"mu": 50.0, "lam": 0.0}, train={"lr": 0.01}))
     pulled, _ = fit(strong, 2, centre | phi, state)
     assert sum(float((pulled.tensors[k] - centre[k]).abs().sum()) for k in init) < to_centre
+
+
+def test_first_start_init_trains_a_new_client_from_the_initial_model_whatever_it_is_sent():
+    # μ = λ = 0: the model in the message could only matter as the starting point.
+    config = tiny_config(algorithm="fedac", options={"mu": 0.0, "lam": 0.0})
+    rt = runtime(config)
+    init = rt.workspace.init_weights
+    phi = {"global/" + k: init[k] for k in rt.workspace.model().body_keys()}
+    mean = {k: v + 0.5 for k, v in init.items()}  # stands for the mean of the uploaded models
+    from_init, state = fit(rt, 2, mean | phi)  # the default, first_start=init
+    reference, _ = fit(rt, 2, init | phi)
+    assert_same(from_init.tensors, reference.tensors)
+    set_options(rt, config, mu=0.0, lam=0.0, first_start="uploaded-mean")
+    from_mean, _ = fit(rt, 2, mean | phi)
+    assert distance(from_mean.tensors, mean) < distance(from_mean.tensors, init)
+    assert distance(from_mean.tensors, reference.tensors) > 1.0
+    # Once a client has its own model, both continue from it.
+    later_mean, _ = fit(rt, 2, mean | phi, dict(state))  # fit writes into the state it is given
+    set_options(rt, config, mu=0.0, lam=0.0, first_start="init")
+    later_init, _ = fit(rt, 2, mean | phi, dict(state))
+    assert_same(later_mean.tensors, later_init.tensors)
+
+
+@pytest.mark.parametrize("first_start", ["init", "uploaded-mean"])
+def test_a_client_that_has_not_uploaded_is_evaluated_with_its_first_start(first_start):
+    sim = simulation(tiny_config(algorithm="fedac", options={"first_start": first_start}))
+    server, init = sim.server, sim.server_ctx.init_weights
+    uploads = {0: {k: v + 1.0 for k, v in init.items()}, 1: {k: v + 3.0 for k, v in init.items()}}
+    server.run_round(1, [0, 1], ScriptedComm({cid: reply(t, 10) for cid, t in uploads.items()}))
+    mean = {k: v + 2.0 for k, v in init.items()}
+    expected = init if first_start == "init" else mean
+    sent = server.evaluation_message(4).tensors
+    assert distance(sent, expected) < 1e-4 < distance(sent, mean if first_start == "init" else init)
+    assert server.evaluation_message(0).tensors == {}  # it keeps its personal model
+    # The pull of a client not assigned yet is the mean of the uploads under either option.
+    comm = ScriptedComm({4: reply(mean, 10)})
+    server.run_round(2, [4], comm)
+    anchor = {k: v for k, v in comm.sent[4].tensors.items() if not k.startswith("global/")}
+    assert distance(anchor, mean) < 1e-4
+
+
+def test_first_start_changes_a_run_and_bad_values_are_rejected():
+    base = tiny_config(algorithm="fedac", rounds=3, options={"num_clusters": 2})
+    default, _ = run(base)
+    explicit, _ = run(base.model_copy(update={"options": {"num_clusters": 2, "first_start": "init"}}))
+    mean, _ = run(base.model_copy(update={"options": {"num_clusters": 2, "first_start": "uploaded-mean"}}))
+    assert strip_timing(default) == strip_timing(explicit)
+    assert [r["per_client_acc"] for r in default] != [r["per_client_acc"] for r in mean]
+    assert_config_error("fedac", ["fedac.first_start=mean"], "--set fedac.first_start")
 
 
 # --- options and runs -------------------------------------------------------------------------

@@ -97,7 +97,7 @@ def test_pretrain_count():
 @pytest.mark.parametrize("newcomer_start", ["init", "global_mean"])
 def test_cold_start_groups_by_direction_and_newcomers_join_their_direction(newcomer_start):
     options = {"num_groups": 2, "pretrain_clients": 4, "newcomer_start": newcomer_start}
-    sim = simulation(tiny_config(algorithm="fedgroup", options=options))
+    sim = simulation(tiny_config(algorithm="fedgroup", options=options, log_clustering_every=1))
     server = sim.server
     comm = PlantedUpdateComm(parity_deltas(sim), sim.server_ctx.client_train_sizes)
     server.run_round(1, list(range(6)), comm)
@@ -189,7 +189,7 @@ def test_options_parse_and_default():
 
 def test_runs_end_to_end_above_chance_and_logs_the_groups(tmp_path):
     sets = ["fedgroup.num_groups=2", "fedgroup.pretrain_clients=0.5", "fedgroup.eta_g=0.1"]
-    result = run_cli(tmp_path, "fedgroup", *sets, smoke=CLUSTERED_SMOKE)
+    result = run_cli(tmp_path, "fedgroup", *sets, smoke=CLUSTERED_SMOKE, flags=["--log-clustering-every", "1"])
     assert 1 / 4 < result.final["personalized_acc"] <= 1
     assert result.final["global_acc"] is not None  # the auxiliary global model
     logs = result.logs

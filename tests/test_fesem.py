@@ -39,7 +39,7 @@ def test_m_step_centre_is_the_member_mean_and_empty_clusters_keep_theirs():
 @pytest.mark.parametrize("weighted", [False, True])
 def test_server_round_uses_every_known_model_and_sends_each_client_its_centre(weighted):
     options = {"weighted": weighted, "init": "random", "cold_start": "random"}
-    sim = simulation(tiny_config(algorithm="fesem", options=options))
+    sim = simulation(tiny_config(algorithm="fesem", options=options, log_clustering_every=1))
     server = sim.server
     template = sim.server_ctx.init_weights
     keys = float_keys(template)
@@ -133,7 +133,8 @@ def test_bad_options_are_rejected(assignment, needle):
 
 
 def test_runs_end_to_end_and_logs_every_assigned_client(tmp_path):
-    result = run_cli(tmp_path, "fesem", "fesem.num_clusters=2", "fesem.cold_start=random", flags=["--rounds", "3"])
+    flags = ["--rounds", "3", "--log-clustering-every", "1"]
+    result = run_cli(tmp_path, "fesem", "fesem.num_clusters=2", "fesem.cold_start=random", flags=flags)
     assert 1 / 5 < result.final["personalized_acc"] <= 1
     assert result.final["global_acc"] is None
     assert len(result.logs) == 3

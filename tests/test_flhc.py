@@ -65,7 +65,8 @@ def test_cosine_metric_groups_directions_that_euclidean_splits_by_length():
 
 def test_before_clustering_flhc_is_exactly_fedavg():
     n = 2
-    rows, flhc = run(tiny_config(algorithm="flhc", rounds=3, options={"cluster_round": n, "num_clusters": 2}))
+    options = {"cluster_round": n, "num_clusters": 2}
+    rows, flhc = run(tiny_config(algorithm="flhc", rounds=3, options=options, log_clustering_every=1))
     fed_rows, _ = run(tiny_config(algorithm="fedavg", rounds=3))
     _, fedavg_n = run(tiny_config(algorithm="fedavg", rounds=n))
     assert strip_timing(rows[: n - 1]) == strip_timing(fed_rows[: n - 1])
@@ -81,7 +82,7 @@ def test_before_clustering_flhc_is_exactly_fedavg():
 
 def test_all_clients_send_updates_and_cluster_models_average_only_their_members():
     options = {"cluster_round": 1, "num_clusters": 2, "metric": "cosine", "linkage": "average"}
-    sim = simulation(tiny_config(algorithm="flhc", options=options))
+    sim = simulation(tiny_config(algorithm="flhc", options=options, log_clustering_every=1))
     server = sim.server
     sizes = sim.server_ctx.client_train_sizes
     comm = PlantedUpdateComm(parity_deltas(sim), sizes)  # client c's update points along direction c % 2
@@ -149,7 +150,8 @@ def test_more_clusters_than_clients_is_a_config_error_when_the_config_is_built()
 # --- end to end ---------------------------------------------------------------------------------
 
 def test_runs_end_to_end_above_chance_and_logs_the_clusters(tmp_path):
-    result = run_cli(tmp_path, "flhc", "flhc.cluster_round=1", "flhc.num_clusters=2", smoke=CLUSTERED_SMOKE)
+    sets = ["flhc.cluster_round=1", "flhc.num_clusters=2"]
+    result = run_cli(tmp_path, "flhc", *sets, smoke=CLUSTERED_SMOKE, flags=["--log-clustering-every", "1"])
     assert 1 / 4 < result.final["personalized_acc"] <= 1
     assert result.final["global_acc"] is None  # no global model once clustered
     records = result.clustering

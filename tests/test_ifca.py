@@ -84,7 +84,7 @@ def test_initial_models_random_or_common():
 
 
 def test_server_sends_all_models_and_averages_only_within_each_cluster():
-    sim = simulation(tiny_config(algorithm="ifca", options={"num_clusters": 3}))
+    sim = simulation(tiny_config(algorithm="ifca", options={"num_clusters": 3}, log_clustering_every=1))
     server = sim.server
     before = [dict(m) for m in server.models]
     template = before[0]
@@ -131,7 +131,7 @@ def test_bad_options_are_rejected(assignment, needle):
 
 
 def test_runs_end_to_end_logging_clusters_and_k_models_down(tmp_path):
-    result = run_cli(tmp_path, "ifca", "ifca.num_clusters=3")
+    result = run_cli(tmp_path, "ifca", "ifca.num_clusters=3", flags=["--log-clustering-every", "1"])
     assert 1 / 5 < result.final["personalized_acc"] <= 1
     assert result.final["global_acc"] is None
     logs = result.logs

@@ -11,7 +11,7 @@ from fedtail.models import MODELS, SplitModel, build_model
 
 NUM_CLASSES = 7  # not 10, so a hard-coded class count would show up
 IMAGE_SHAPES = [(1, 28, 28), (3, 32, 32), (1, 8, 8)]
-NO_8X8 = {"cnn2fc", "convnet"}  # unpadded 5x5 convs need at least 16x16
+NO_8X8 = {"cnn2fc", "convnet", "convnet-wide"}  # unpadded 5x5 convs need at least 16x16
 
 CASES = [
     (name, shape)
@@ -103,8 +103,36 @@ def test_feature_dims() -> None:
     assert build_model("cnn-fmnist", (1, 28, 28), 10).feature_dim == 64 * 7 * 7
     assert build_model("cnn2fc", (1, 28, 28), 10).feature_dim == 64 * 4 * 4
     assert build_model("convnet", (3, 32, 32), 10).feature_dim == 84
+    assert build_model("convnet-wide", (3, 32, 32), 10).feature_dim == 768
     assert build_model("alexnet-small", (3, 32, 32), 10).feature_dim == 256 * 4 * 4
     assert build_model("mlp", (32,), 10).feature_dim == 64
+
+
+def num_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize(
+    ("name", "shape", "classes", "count"),
+    [
+        ("convnet", (3, 32, 32), 10, 62_006),
+        ("convnet", (1, 28, 28), 10, 44_426),
+        # FedAC's model size: "over 4,700,000" dimensions (fedac.txt, Sec. 4.3), on CIFAR
+        ("convnet-wide", (3, 32, 32), 10, 4_790_538),
+        ("convnet-wide", (3, 32, 32), 100, 4_859_748),
+        ("convnet-wide", (1, 28, 28), 10, 3_460_234),
+    ],
+)
+def test_parameter_counts(name: str, shape: tuple[int, ...], classes: int, count: int) -> None:
+    assert num_parameters(build_model(name, shape, classes)) == count
+
+
+def test_convnet_wide_is_convnet_with_other_widths() -> None:
+    narrow, wide = build_model("convnet", (3, 32, 32), 10), build_model("convnet-wide", (3, 32, 32), 10)
+    assert [type(m) for m in narrow.body] == [type(m) for m in wide.body]
+    assert narrow.state_dict().keys() == wide.state_dict().keys()
+    assert [k for k in wide.body_keys()][-2:] == ["body.9.weight", "body.9.bias"]  # the FCs are in the body
+    assert wide.head_keys() == wide.classifier_keys() == ["head.weight", "head.bias"]
 
 
 def test_smallest_supported_unpadded_input() -> None:
@@ -126,6 +154,7 @@ def test_unknown_name_lists_allowed() -> None:
     [
         ("cnn2fc", (1, 8, 8)),
         ("convnet", (1, 8, 8)),
+        ("convnet-wide", (1, 8, 8)),
         ("alexnet-small", (3, 4, 4)),
         ("cnn-fmnist", (32,)),
         ("resnet8", (32,)),
@@ -147,7 +176,8 @@ def test_bad_num_classes(num_classes: int) -> None:
 
 
 def test_descriptions_are_one_line() -> None:
-    assert set(MODELS) == {"cnn-fmnist", "cnn2fc", "convnet", "alexnet-small", "resnet8", "resnet18", "mlp"}
+    names = {"cnn-fmnist", "cnn2fc", "convnet", "convnet-wide", "alexnet-small", "resnet8", "resnet18", "mlp"}
+    assert set(MODELS) == names
     for text in MODELS.values():
         assert text and "\n" not in text
 

@@ -21,7 +21,7 @@ def checkpoint_diffs(config: RunConfig, out: Path) -> tuple[dict[str, Any], list
     """The checkpoint in ``out`` (its ``checkpoint.json``) and how its config differs from ``config``.
 
     None when ``out`` holds no checkpoint. Keys that do not change results (workers,
-    checkpoint_every) are not differences.
+    checkpoint_every, log_clustering_every) are not differences.
     """
     from fedtail.report.runfiles import checkpoint_info, config_diff
 

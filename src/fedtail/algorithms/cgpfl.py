@@ -63,6 +63,7 @@ from fedtail.algorithms.clustering import (
     cluster_record,
     flatten,
     float_keys,
+    full_record,
     project_2d,
     squared_distances,
 )
@@ -148,13 +149,12 @@ class CGPFLServer(ServerHalf):
         self.assignment.update({cid: int(lab) for cid, lab in zip(order, labels)})
         self.fallback = self._membership_mean()
         everyone = sorted(self.assignment)
+        full = full_record(self.ctx.config, rnd)
+        # The 2-D view covers this round's uploads only (the server keeps no one else's).
+        view = {"round_clients": order, "round_pca": project_2d(points)} if full else {}
         comm.log(
             clustering=cluster_record(
-                everyone,
-                [self.assignment[c] for c in everyone],
-                reclustered=reclustered,
-                round_clients=order,  # the 2-D view covers this round's uploads only
-                round_pca=project_2d(points),
+                everyone, [self.assignment[c] for c in everyone], full=full, reclustered=reclustered, **view
             )
         )
 

@@ -34,9 +34,18 @@ Interpretations where the paper is silent or inconsistent (each an option or not
   every cosine is close to 1.
 - R^0 and Ω^0: after the first round, k-means (scikit-learn) with K = ``num_clusters`` on
   the unit-normalised PCA coordinates (cosine geometry) gives the first assignment.
-- A client not assigned yet is pulled towards, and evaluated with, the mean of the known
-  client models (the initial model before any upload). A client's personal model starts as
-  the first model it receives.
+- ``first_start``: where a client's personal model starts before its first upload. Alg. 1
+  sets every client's model at the start, before any round: "Initialize: R^0,
+  {ω_i^0 = (φ_i^0, h_i^0)}_{i∈[m]}, {Ω_k^0}_{k∈[K]}, Φ^0" (line 1), and a client's local update
+  starts from its own model, "ω_i^{t,0} = ω_i^t" (LocalUpdate, line 1). So a client training for
+  the first time starts from ω_i^0, set before anything was uploaded; the paper does not say what
+  ω_i^0 is. ``init`` (the default): the run's common initial model, where local training starts
+  every client. ``uploaded-mean``: the mean of the models uploaded so far (fedtail's FedAC
+  before this option existed), a head start from other clients' training that FedAC's Alg. 1
+  does not give and local training does not get. A client that has not uploaded is evaluated
+  with that same model.
+- A client not assigned yet is pulled towards the mean of the known client models (the
+  initial model before any upload): Ω^0 and R^0 are not specified either.
 - CNT: all G_c are computed first; clusters below a merge into the nearest centre (L2, the
   distance CNT measures in), each cluster absorbing or being absorbed at most once per round;
   then clusters above b with two or more members are split by one k-means iteration from
@@ -63,6 +72,7 @@ from fedtail.algorithms.clustering import (
     cosine_matrix,
     float_keys,
     flatten,
+    full_record,
     relabel,
     squared_distances,
     unflatten,
@@ -90,6 +100,11 @@ class FedACConfig(AlgorithmConfig):
     gc_high: float = Field(0.8, gt=0, description="b: split a cluster whose G_c is above")
     max_clusters: int = Field(20, ge=1, description="CNT never splits beyond this many clusters")
     weighted: bool = Field(False, description="sample-weighted Φ and Ω_k (the paper: plain means)")
+    first_start: Literal["init", "uploaded-mean"] = Field(
+        "init",
+        description="a client's model before its first upload: the run's initial model (Alg. 1's ω_i^0) "
+        "or the mean of the models uploaded so far",
+    )
 
     @model_validator(mode="after")
     def _ranges(self) -> "FedACConfig":
@@ -259,8 +274,13 @@ class FedACServer(ServerHalf):
                 self.models, self.labels, self.centres, opts.gc_low, opts.gc_high, opts.max_clusters, seed
             )
             self.centres, self.labels = m_step(self.models, labels, weights)
-        points = reduce(self.pca, self.models, opts.pca_center) if self.pca is not None else self.models
-        comm.log(clustering=cluster_record(self.known, self.labels, points, **info))
+        pca, models = self.pca, self.models
+
+        def points() -> torch.Tensor:  # the LrCos coordinates, for the log's 2-D view
+            return reduce(pca, models, opts.pca_center) if pca is not None else models
+
+        full = full_record(self.ctx.config, rnd)
+        comm.log(clustering=cluster_record(self.known, self.labels, points, full=full, **info))
 
     def _store(self, cid: int, row: torch.Tensor) -> None:
         if cid in self.known:
@@ -272,7 +292,11 @@ class FedACServer(ServerHalf):
 
     def evaluation_message(self, cid: int) -> Message:
         # A client that has uploaded keeps its personal model: nothing to send.
-        return Message("evaluate", {} if cid in self.known else self._anchor(cid))
+        if cid in self.known:
+            return Message("evaluate", {})
+        if self.ctx.options.first_start == "init":  # its ω_i^0, as it would start training from
+            return Message("evaluate", dict(self.ctx.init_weights))
+        return Message("evaluate", self._anchor(cid))
 
 
 def regularizer(model: nn.Module, anchor: Tensors, phi: Tensors, mu: float, lam: float) -> ExtraLoss:
@@ -295,7 +319,8 @@ class FedACClient(PersonalClient):
         opts: FedACConfig = ctx.options
         anchor = {k: v for k, v in msg.tensors.items() if not k.startswith(GLOBAL)}
         phi = {k[len(GLOBAL) :]: v for k, v in msg.tensors.items() if k.startswith(GLOBAL)}
-        model = ctx.load(ctx.state.get("personal", anchor))
+        first = ctx.init_weights if opts.first_start == "init" else anchor  # ω_i^0 (see first_start)
+        model = ctx.load(ctx.state.get("personal", first))
         ctx.train(extra_loss=regularizer(model, anchor, phi, opts.mu, opts.lam))
         ctx.state["personal"] = ctx.weights()
         return ctx.reply(ctx.state["personal"])

@@ -55,9 +55,10 @@ Interpretations where the paper is silent (each a named option or noted here):
   auxiliary global model is the plain mean of the group models.
 - Integer buffers (BatchNorm's ``num_batches_tracked``) of a group model formed at cold start
   are taken from the start model; they carry no information the training uses.
-- Every round logs ``clustering``: all assigned clients with their group, their decomposed
-  similarity vectors s_i as the points of the scatter (a newcomer's s_i uses the same v_k), and
-  the round's newcomers (and, in round 1, the pre-trained set P).
+- Every round logs ``clustering`` with the round's newcomers (and, in round 1, the pre-trained
+  set P); its full record (``log_clustering_every``) adds all assigned clients with their group
+  and their decomposed similarity vectors s_i as the points of the scatter (a newcomer's s_i
+  uses the same v_k).
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ from fedtail.algorithms.clustering import (
     cosine_matrix,
     float_keys,
     flatten,
+    full_record,
     relabel,
     unflatten,
 )
@@ -229,7 +231,8 @@ class FedGroupServer(ServerHalf):
         assigned = sorted(self.group_of)
         labels = [self.group_of[c] for c in assigned]
         points = np.array([self.points[c] for c in assigned])
-        comm.log(clustering=cluster_record(assigned, labels, points, newcomers=newcomers, **log))
+        full = full_record(self.ctx.config, rnd)
+        comm.log(clustering=cluster_record(assigned, labels, points, full=full, newcomers=newcomers, **log))
 
     def _updates(self, cids: list[int], start: Tensors, comm: Comm) -> tuple[list[int], torch.Tensor]:
         """The clients that replied and their rows Δw_i = w_i − start, after cold-start training from ``start``."""

@@ -60,6 +60,7 @@ from fedtail.algorithms.clustering import (
     cluster_record,
     flatten,
     float_keys,
+    full_record,
     squared_distances,
     unflatten,
 )
@@ -160,7 +161,7 @@ class FeSEMServer(ServerHalf):
         weights = self.ctx.client_train_sizes[cids] if opts.weighted else None
         self.centres = m_step(models, labels, self.centres, weights)
         self.labels = {c: int(k) for c, k in zip(cids, labels)}
-        comm.log(clustering=cluster_record(cids, labels, models))
+        comm.log(clustering=cluster_record(cids, labels, models, full=full_record(self.ctx.config, rnd)))
 
     def evaluation_message(self, cid: int) -> Message:
         return self._message(cid, "evaluate")

@@ -30,8 +30,9 @@ Interpretations where the paper is silent (each a named option or noted here):
   threshold alone switches ``num_clusters`` off; giving both is an error.
 - After the clustering there is no global model: :meth:`global_weights` is None, so the global
   test split is no longer evaluated (``global_acc`` is null from round n on).
-- From round n on every round logs ``clustering`` (the clustered clients, their cluster, and a
-  2-D PCA view of the clustering updates, computed once).
+- From round n on every round logs ``clustering``; its full record (``log_clustering_every``)
+  has the clustered clients, their cluster, and a 2-D PCA view of the clustering updates,
+  computed once.
 
 Missing replies (``--dropout``, rejected replies): a cluster none of whose sampled members
 replied keeps its model. The clustering uses the clients that replied to the all-client
@@ -59,6 +60,7 @@ from fedtail.algorithms.clustering import (
     cosine_matrix,
     float_keys,
     flatten,
+    full_record,
     project_2d,
     relabel,
 )
@@ -152,7 +154,9 @@ class FLHCServer(FedAvgServer):
         if self.labels is not None:
             assigned = [cid for cid, label in enumerate(self.labels) if label >= 0]
             labels = [self.labels[cid] for cid in assigned]
-            comm.log(clustering=cluster_record(assigned, labels, None, pca=self.view))
+            full = full_record(self.ctx.config, rnd)
+            view = self.view if len(self.view) == len(assigned) else None  # late joiners have no point in it
+            comm.log(clustering=cluster_record(assigned, labels, full=full, view=view))
 
     def cluster(self, comm: Comm) -> None:
         """Every client trains w^n and sends Δw_i; the clusters all start from w^n."""

@@ -39,7 +39,7 @@ from pydantic import Field
 
 from fedtail.algorithms.aggregate import WeightedMean
 from fedtail.algorithms.base import Algorithm, AlgorithmConfig, ClientHalf, Comm, Message, ServerHalf, Tensors
-from fedtail.algorithms.clustering import cluster_record, flatten, float_keys
+from fedtail.algorithms.clustering import cluster_record, flatten, float_keys, full_record
 from fedtail.models import build_model
 
 if TYPE_CHECKING:
@@ -120,6 +120,7 @@ class IFCAServer(ServerHalf):
     def run_round(self, rnd: int, clients: list[int], comm: Comm) -> None:
         message = pack_models(self.models)
         keys = float_keys(self.models[0])
+        full = full_record(self.ctx.config, rnd)
         means: dict[int, WeightedMean] = {}
         cids, choices, points = [], [], []
         for cid, reply in comm.stream({cid: message for cid in clients}):
@@ -127,10 +128,11 @@ class IFCAServer(ServerHalf):
             means.setdefault(j, WeightedMean()).add(reply.tensors, reply.metrics["num_examples"])
             cids.append(cid)
             choices.append(j)
-            points.append(flatten(reply.tensors, keys))
+            if full:  # only the log's 2-D view needs the uploads kept
+                points.append(flatten(reply.tensors, keys))
         for j, mean in means.items():  # clusters nobody picked keep their model
             self.models[j] = mean.result()
-        comm.log(clustering=cluster_record(cids, choices, torch.stack(points)))
+        comm.log(clustering=cluster_record(cids, choices, torch.stack(points) if full else None, full=full))
 
     def evaluation_message(self, cid: int) -> Message:
         # every client gets all K models and adopts the one of lowest training loss

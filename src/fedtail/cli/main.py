@@ -141,6 +141,11 @@ def run(
     on_nonfinite: Optional[str] = typer.Option(
         None, help="stop (default: the run ends as diverged, exit 3) | reject (only that reply is rejected)"
     ),
+    log_clustering_every: Optional[int] = typer.Option(
+        None,
+        help="clustered methods: the full clustering record (assignment, PCA view) in metrics.jsonl every N "
+        "rounds and at the last (default 25); the other rounds log the number of clusters",
+    ),
     data_dir: Optional[str] = typer.Option(None, help="folder with the dataset files"),
     set_: list[str] = typer.Option([], "--set", help="KEY=VALUE, e.g. fedprox.mu=0.01 or partition.min_samples=20"),
     config_file: Optional[Path] = typer.Option(None, "--config", help="TOML file with the same keys"),

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from fedtail.errors import ConfigError
 from fedtail.models.alexnet import alexnet_small
 from fedtail.models.base import SplitModel
-from fedtail.models.cnn import cnn2fc, cnn_fmnist, convnet
+from fedtail.models.cnn import cnn2fc, cnn_fmnist, convnet, convnet_wide
 from fedtail.models.mlp import mlp
 from fedtail.models.resnet import resnet8, resnet18
 
@@ -17,6 +17,7 @@ _BUILDERS: dict[str, Builder] = {
     "cnn-fmnist": cnn_fmnist,
     "cnn2fc": cnn2fc,
     "convnet": convnet,
+    "convnet-wide": convnet_wide,
     "alexnet-small": alexnet_small,
     "resnet8": resnet8,
     "resnet18": resnet18,
@@ -27,6 +28,7 @@ MODELS: dict[str, str] = {
     "cnn-fmnist": "MuPFL FMNIST CNN: body 2x conv5x5 (32, 64) + pools, head 1 linear; feature 3136 on 28x28",
     "cnn2fc": "FedReMa MNIST/FMNIST CNN: body 2x conv5x5 (32, 64) + pools, head FC 512 + FC; feature 1024 on 28x28",
     "convnet": "FedAC convnet (LeNet-5): body 2 conv + FC 120 + FC 84, head last FC; feature 84",
+    "convnet-wide": "convnet at FedAC's model size (4.79M on CIFAR-10): conv 64, 128 + FC 1152 + FC 768, head last FC",
     "alexnet-small": "FedReMa CIFAR AlexNet: body 5x conv3x3, head FC 1024 + FC 512 + FC; feature 4096 on 32x32",
     "resnet8": "CReFF/MuPFL ResNet-8 (64/128/256, BN): body to global avg pool, head linear; feature 256",
     "resnet18": "CIFAR-style ResNet-18 (64..512, BN): body to global avg pool, head linear; feature 512",

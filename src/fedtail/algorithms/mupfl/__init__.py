@@ -36,7 +36,7 @@ from pydantic import Field, model_validator
 
 from fedtail.algorithms.aggregate import WeightedMean
 from fedtail.algorithms.base import Algorithm, AlgorithmConfig, Comm, EdgeHalf, Message, PersonalClient, ServerHalf, Tensors
-from fedtail.algorithms.clustering import flatten, float_keys
+from fedtail.algorithms.clustering import flatten, float_keys, full_record
 from fedtail.algorithms.federated_features import (
     FederatedFeatures,
     class_gradients,
@@ -116,10 +116,11 @@ class MuPFLServer(ServerHalf):
         grad_sum: Tensors = {}
         holders: torch.Tensor | None = None
         records = []
+        full = full_record(self.ctx.config, rnd)
         for edge_id, by_key in forwarded.items():
             msg = by_key[edge_id]
             mean.add({k: msg.tensors[k] for k in self.weights}, msg.metrics["weight"])
-            records.append(_acmu_record(edge_id, msg))
+            records.append(_acmu_record(edge_id, msg, full))
             if self.features is not None:
                 for part in ("weight", "bias"):
                     g = msg.tensors[GRAD + part]
@@ -153,11 +154,12 @@ class MuPFLServer(ServerHalf):
             self.features.load_state_dict(state["features"])
 
 
-def _acmu_record(edge_id: int, msg: Message) -> dict:
-    return {
-        "edge": edge_id,
-        "kappa": int(msg.metrics["kappa"]),
-        "silhouette": msg.metrics["silhouette"],
+def _acmu_record(edge_id: int, msg: Message, full: bool) -> dict:
+    """An edge's ACMU log entry; the assignment and the 2-D view only in a full record (``log_clustering_every``)."""
+    record = {"edge": edge_id, "kappa": int(msg.metrics["kappa"]), "silhouette": msg.metrics["silhouette"]}
+    if not full:
+        return record
+    return record | {
         "clients": msg.tensors["acmu/clients"].tolist(),
         "clusters": msg.tensors["acmu/clusters"].tolist(),
         "pca": [[round(x, 5), round(y, 5)] for x, y in msg.tensors["acmu/pca"].tolist()],
