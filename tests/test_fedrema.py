@@ -53,7 +53,7 @@ def test_mds_ties_are_never_split_and_equal_largest_gaps_take_the_lowest_cut():
 def test_mds_treats_similarities_equal_up_to_rounding_as_ties():
     # float64 cosines of identical heads differ by ~1e-16 from machine to machine: no cut there
     ulp = 2.0**-53
-    assert mds([1.0, 1.0 - ulp, 1.0, 1.0 - 2 * ulp, 1.0], 0) == ([0, 1, 2, 3, 4], 0.0)
+    assert mds([1.0, 1.0 - ulp, 1.0, 1.0 - 2 * ulp, 1.0], 0) == ([0, 1, 2, 3, 4], pytest.approx(0.0, abs=1e-12))
     # two largest gaps equal up to rounding: still the lower cut, the larger set
     assert mds([1.0, 0.25, 0.5, 0.75 + 4 * ulp], 0) == ([0, 2, 3], pytest.approx(0.25))
     assert mds([1.0, 0.25 - 2 * ulp, 0.5, 0.75], 0) == ([0, 2, 3], pytest.approx(0.25))
@@ -62,9 +62,9 @@ def test_mds_treats_similarities_equal_up_to_rounding_as_ties():
 
 
 def test_mds_with_two_clients_or_one():
-    assert mds([1.0, 0.3], 0) == ([0, 1], 0.0)  # one peer: no gap to compare, both relevant
-    assert mds([0.3, 1.0], 1) == ([0, 1], 0.0)
-    assert mds([1.0], 0) == ([0], 0.0)
+    assert mds([1.0, 0.3], 0) == ([0, 1], pytest.approx(0.0, abs=1e-12))  # one peer: no gap to compare, both relevant
+    assert mds([0.3, 1.0], 1) == ([0, 1], pytest.approx(0.0, abs=1e-12))
+    assert mds([1.0], 0) == ([0], pytest.approx(0.0, abs=1e-12))
 
 
 # --- soft logits -------------------------------------------------------------------------------
@@ -396,7 +396,7 @@ def test_without_mds_it_is_exactly_fedavg():
         assert_same(fedrema.server.evaluation_message(k).tensors, fedavg.server.weights)
     # and with MDS the personalised rows differ
     mds_rows, _ = run(tiny_config(algorithm="fedrema"))
-    assert [r["personalized_acc"] for r in mds_rows] != [r["personalized_acc"] for r in fed_rows]
+    assert [r["personalized_acc"] for r in mds_rows] != pytest.approx([r["personalized_acc"] for r in fed_rows])
 
 
 @pytest.mark.parametrize(

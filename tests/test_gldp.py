@@ -91,7 +91,7 @@ def test_representation_statistics_are_class_means_of_z_in_inference_mode():
     model.train()
     stats = gldp.representation_statistics(model, dataset, torch.arange(5), batch_size=2)
     assert model.training
-    assert torch.equal(stats.means, torch.tensor([[2.0, 1.0], [0.0, 0.0], [1.0, 3.0], [5.0, -1.0]]))
+    assert torch.allclose(stats.means, torch.tensor([[2.0, 1.0], [0.0, 0.0], [1.0, 3.0], [5.0, -1.0]]))
     assert stats.present.tolist() == [True, False, True, True]
 
 
@@ -452,7 +452,7 @@ def test_predict_changes_evaluation_only():
     losses = {p: [r["train_loss"] for r in rows] for p, rows in by_predict.items()}
     assert losses["global"] == losses["local"] == losses["head"]
     accs = {p: [r["a_local"] for r in rows] for p, rows in by_predict.items()}
-    assert accs["global"] != accs["local"] != accs["head"]
+    assert accs["global"] != pytest.approx(accs["local"]) and accs["local"] != pytest.approx(accs["head"])
 
 
 def test_cli_run_with_stages(tmp_path):
