@@ -156,7 +156,7 @@ def test_adaptive_alpha_starts_from_the_option_and_moves():
     assert fresh["alpha"] != pytest.approx(0.8) and abs(fresh["alpha"] - 0.8) < 0.05  # small steps from the option's α
     first = fresh["alpha"]
     _, later = fit(rt, 3, rt.workspace.init_weights, fresh)  # (the state dict is updated in place)
-    assert later["alpha"] != pytest.approx(first) and abs(later["alpha"] - first) < 0.05  # and from the stored α next time
+    assert later["alpha"] != pytest.approx(first) and abs(later["alpha"] - first) < 0.05  # and from the stored α
 
 
 # --- what leaves the client and what stays ------------------------------------------------------

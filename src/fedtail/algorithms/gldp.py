@@ -41,13 +41,14 @@ in its training data.
 Losses (a reconstruction of Eqs. 7, 8, 10; the form of p and τ's place are FedPRP's code):
 
 - p(y = j | x; c) = softmax_j(cos(z, c^j) / τ), τ = 0.07: the cosine similarity of the
-  L2-normalised representation and prototype, divided by τ (code). FedPRP's relation loss
-  divides the "pairwise cosine similarity" of unit-length features and prototypes by its
-  ``temperature`` (default 0.07); its MSE term to the global prototypes (our L_GLPR) has no
-  temperature. (FedPRP's code negates the similarity, a leftover of the distance-based loss it
-  adapts; here the most similar prototype gets the highest probability, as Eq. 13 predicts the
-  nearest one: *interpretation*.) With scores in [−1, 1] the logits stay within ±1/τ ≈ 14, so
-  L_LPR ≤ 4/τ and ‖∂L_LPR/∂z_i‖ ≤ 2/(B·τ·‖z_i‖) whatever the features' scale.
+  L2-normalised representation and prototype, divided by τ (code). FedPRP's prototype relation
+  term scores features against class prototypes by the "pairwise cosine similarity" of the
+  unit-length vectors divided by its ``temperature`` (default 0.07); its MSE term to the global
+  prototypes (our L_GLPR) has no temperature. (FedPRP's code negates that similarity, a sign
+  apparently kept from a distance-based version; here the most similar prototype gets the
+  highest probability, as Eq. 13 predicts the nearest one: *interpretation*.) With scores in
+  [−1, 1] the logits stay within ±1/τ ≈ 14, so L_LPR ≤ 4/τ and ‖∂L_LPR/∂z_i‖ ≤ 2/(B·τ·‖z_i‖)
+  whatever the features' scale.
   *Why not distances*: an earlier reading here used softmax_j(−‖z − c^j‖²/τ). With raw
   features (norms about 20 for cnn-fmnist) squared distances are in the hundreds and ÷ 0.07
   logit gaps in the thousands: the teacher p is exactly one-hot, L_LPR is −log of a vanishing
@@ -135,7 +136,7 @@ class GLDPConfig(AlgorithmConfig):
     tau: float = Field(0.07, gt=0, description="τ: temperature of p(j|x) = softmax_j(cos(z, c_j)/τ) in L_LPR")
     relation: Literal["cosine", "distance"] = Field(
         "cosine",
-        description="L_LPR scores: cos(z, c_j)/τ (FedPRP), or −‖z − c_j‖²/τ (the earlier reading; diverges at τ = 0.07)",
+        description="L_LPR scores: cos(z, c_j)/τ (FedPRP), or −‖z − c_j‖²/τ (earlier reading; diverges at τ = 0.07)",
     )
     beta: float = Field(0.5, gt=0, le=1, description="β: local prototypes c ← β·c_new + (1−β)·c_old")
     global_beta: float = Field(
@@ -236,7 +237,7 @@ def moving_average(
 
 
 def prototype_log_probs(z: torch.Tensor, protos: torch.Tensor, tau: float, relation: str = "cosine") -> torch.Tensor:
-    """log p(j|x) = log softmax_j(cos(z, c_j)/τ) over the rows of ``protos`` (``distance``: −‖z − c_j‖²/τ)."""
+    """log p(j|x) = log softmax_j(cos(z, c_j)/τ) over the rows of ``protos`` (distance: −‖z − c_j‖²/τ)."""
     if relation == "distance":  # unbounded in the features' scale: kept for comparison only
         scores = -(z.unsqueeze(1) - protos.unsqueeze(0)).pow(2).sum(2)
     else:
