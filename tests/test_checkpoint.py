@@ -251,7 +251,7 @@ def test_a_sweep_resumes_a_checkpointed_run_and_counts_only_its_remaining_rounds
     assert (status.state, status.rounds_done) == ("partial", 2)
     times = WallTimes()
     times.add(fedavg, 10.0)
-    assert estimate([status], times=times).minutes[fedavg.dir] == 5.0  # half of its rounds are left
+    assert estimate([status], times=times).minutes[fedavg.dir] == pytest.approx(5.0)  # half of its rounds are left
 
     res = invoke("sweep", path, "--dry-run")
     assert res.exit_code == 0, res.output

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -71,6 +72,44 @@ def test_ensemble_weights():
     assert torch.allclose(ensemble_weights(z, gate, "gated")[:, 0], raw / raw.sum())
 
 
+def test_log_space_weights_equal_the_sigmoid_quotient_where_it_is_finite():
+    g = torch.Generator().manual_seed(0)
+    z = 4 * torch.randn(6, 50, 5, generator=g)  # K=6 clients, 50 samples: a_k roughly in ±25
+    gate = {"ensemble_scale": torch.randn(5, generator=g), "ensemble_bias": torch.tensor([0.3])}
+    gate = {k: v.requires_grad_(True) for k, v in gate.items()}
+    a = z @ gate["ensemble_scale"] + gate["ensemble_bias"]
+    assert float(a.detach().abs().max()) > 15  # the σ's differ by orders of magnitude
+    quotient = torch.sigmoid(a) / torch.sigmoid(a).sum(0, keepdim=True)  # the formula as written
+    weights = ensemble_weights(z, gate, "gated")
+    assert torch.allclose(weights, quotient, rtol=1e-5, atol=1e-7)
+    assert torch.allclose(weights.sum(0), torch.ones(50), atol=1e-6)
+    # the same gradients too (what fitting the gate sees)
+    probe = torch.randn(6, 50, generator=g)
+    grads = torch.autograd.grad((weights * probe).sum(), list(gate.values()))
+    expected = torch.autograd.grad((quotient * probe).sum(), list(gate.values()))
+    assert all(torch.allclose(x, y, rtol=1e-4, atol=1e-6) for x, y in zip(grads, expected))
+
+
+def test_ensemble_weights_survive_sigmoid_underflow():
+    # Regression (fmnist stages: Σ_j σ(a_j) fell 2.3 → 5e-16 → 0.0, the gate was NaN from round 4):
+    # where every σ(a_k) is 0 in float32 the quotient is 0/0; log σ(a) ≈ a gives softmax_k(a_k).
+    z = torch.tensor([[[-200.0, 0.0], [-1000.0, 0.0]], [[-201.0, 0.0], [-990.0, 0.0]]])  # K=2, n=2, C=2
+    gate = {"ensemble_scale": torch.tensor([1.0, 0.0]), "ensemble_bias": torch.tensor([0.0])}
+    weights = ensemble_weights(z, gate, "gated")
+    assert bool(torch.isfinite(weights).all())
+    expected = torch.softmax(torch.tensor([[-200.0, -1000.0], [-201.0, -990.0]]), dim=0)
+    assert torch.allclose(weights, expected, rtol=1e-4, atol=1e-6)  # [e/(1+e), 1/(1+e)], then ≈ [0, 1]
+    # ... and fitting the gate on such logits keeps it finite (a NaN gate persists across rounds)
+    n, C, K = 40, 3, 4
+    labels = torch.arange(n) % C
+    logits = -300.0 + 5 * F.one_hot(labels, C).float().expand(K, n, C)  # every a_k ≈ −900
+    gate = gate_for(C, 5)
+    fitted, losses = fit_gate(gate, logits, torch.randn(n, 5), torch.zeros(n, C), labels,
+                              draw_batches(n, 20, 5, torch.Generator().manual_seed(0)), lr=0.01, weighting="gated")
+    assert all(math.isfinite(x) for x in losses)
+    assert all(bool(torch.isfinite(v).all()) for v in fitted.values())
+
+
 def test_calibrated_logits_by_hand():
     z = torch.tensor([[[2.0, 0.0]], [[0.0, 1.0]]])
     anchor = torch.tensor([[0.0, 5.0]])
@@ -109,7 +148,7 @@ def test_fitting_the_gate_removes_a_head_class_bias():
     batches = draw_batches(n, 20, 120, torch.Generator().manual_seed(0))
     fitted, losses = fit_gate(gate, z, features, anchor, labels, batches, lr=0.1, weighting="gated")
     after = calibrated_logits(fitted, z, features, anchor, "gated").argmax(1).eq(labels).float().mean()
-    assert before < 0.5 and after == 1.0
+    assert before < 0.5 and float(after) == pytest.approx(1.0)
     assert losses[-1] < 0.5 * losses[0]
     assert fitted["logit_bias"][0] < fitted["logit_bias"][1:].min()  # the learned adjustment lowers class 0
 

@@ -41,19 +41,30 @@ def test_mds_cuts_at_the_largest_peer_gap_ignoring_the_gap_to_itself():
 
 def test_mds_ties_are_never_split_and_equal_largest_gaps_take_the_lowest_cut():
     # all peers equally similar: no gap, everyone is relevant
-    assert mds([1.0, 0.5, 0.5, 0.5], 0) == ([0, 1, 2, 3], 0.0)
+    assert mds([1.0, 0.5, 0.5, 0.5], 0) == ([0, 1, 2, 3], pytest.approx(0.0, abs=1e-12))
     # two equal largest gaps (0.25): the lower cut, the larger set
-    assert mds([1.0, 0.25, 0.5, 0.75], 0) == ([0, 2, 3], 0.25)
-    assert mds([0.75, 0.5, 1.0, 0.25], 2) == ([0, 1, 2], 0.25)
+    assert mds([1.0, 0.25, 0.5, 0.75], 0) == ([0, 2, 3], pytest.approx(0.25))
+    assert mds([0.75, 0.5, 1.0, 0.25], 2) == ([0, 1, 2], pytest.approx(0.25))
     # equal similarities at the cut stay together
     assert mds([1.0, 0.8, 0.1, 0.8], 0) == ([0, 1, 3], pytest.approx(0.7))
-    assert mds([1.0, 0.25, 0.5, 0.5, 0.75], 0) == ([0, 2, 3, 4], 0.25)
+    assert mds([1.0, 0.25, 0.5, 0.5, 0.75], 0) == ([0, 2, 3, 4], pytest.approx(0.25))
+
+
+def test_mds_treats_similarities_equal_up_to_rounding_as_ties():
+    # float64 cosines of identical heads differ by ~1e-16 from machine to machine: no cut there
+    ulp = 2.0**-53
+    assert mds([1.0, 1.0 - ulp, 1.0, 1.0 - 2 * ulp, 1.0], 0) == ([0, 1, 2, 3, 4], pytest.approx(0.0, abs=1e-12))
+    # two largest gaps equal up to rounding: still the lower cut, the larger set
+    assert mds([1.0, 0.25, 0.5, 0.75 + 4 * ulp], 0) == ([0, 2, 3], pytest.approx(0.25))
+    assert mds([1.0, 0.25 - 2 * ulp, 0.5, 0.75], 0) == ([0, 2, 3], pytest.approx(0.25))
+    # a real gap still cuts, and neighbours of the cut within rounding stay on their side
+    assert mds([1.0, 0.9, 0.9 - ulp, 0.3, 0.3 + ulp], 0) == ([0, 1, 2], pytest.approx(0.6))
 
 
 def test_mds_with_two_clients_or_one():
-    assert mds([1.0, 0.3], 0) == ([0, 1], 0.0)  # one peer: no gap to compare, both relevant
-    assert mds([0.3, 1.0], 1) == ([0, 1], 0.0)
-    assert mds([1.0], 0) == ([0], 0.0)
+    assert mds([1.0, 0.3], 0) == ([0, 1], pytest.approx(0.0, abs=1e-12))  # one peer: no gap to compare, both relevant
+    assert mds([0.3, 1.0], 1) == ([0, 1], pytest.approx(0.0, abs=1e-12))
+    assert mds([1.0], 0) == ([0], pytest.approx(0.0, abs=1e-12))
 
 
 # --- soft logits -------------------------------------------------------------------------------
@@ -109,7 +120,7 @@ def test_ccp_check_ends_at_the_first_ratio_below_delta():
         goes_on.append(on)
     assert ratios == pytest.approx([1.0, 1.0, 0.75, 0.525, 0.475, 1.0])  # the max includes this round
     assert goes_on == [True, True, True, True, False, True]
-    assert ccp_check(0.0, 0.0, 0.5) == (True, 0.0, 1.0)  # nothing has dropped yet
+    assert ccp_check(0.0, 0.0, 0.5) == (True, 0.0, pytest.approx(1.0))  # nothing has dropped yet
     assert ccp_check(0.25, 0.5, 0.5)[0]  # ratio exactly δ: the CCP goes on
     assert not ccp_check(0.0, 0.5, 0.5)[0]
 
@@ -183,7 +194,7 @@ def test_mds_rounds_average_the_relevant_heads_uniform_or_by_samples_and_count_G
         comm = run_round(srv, init, 1, range(6), heads)
         log = comm.logged["fedrema"]
         assert log["sets"] == [[0, 1, 2]] * 3 + [[3, 4, 5]] * 3 and log["set_sizes"] == [3] * 6
-        assert log["ccp"] and not log["ended"] and log["ratio"] == 1.0 and log["ccp_rounds"] == 1
+        assert log["ccp"] and not log["ended"] and log["ratio"] == pytest.approx(1.0) and log["ccp_rounds"] == 1
         assert log["mean_gap"] == log["max_gap"] > 0.5
         for k in range(6):
             group = [0, 1, 2] if k < 3 else [3, 4, 5]
@@ -214,7 +225,7 @@ def test_ccp_ends_at_the_first_drop_below_delta_never_restarts_and_heads_then_fo
     assert srv.in_ccp
     comm = run_round(srv, init, 2, range(6), same)
     log = comm.logged["fedrema"]
-    assert log["ccp"] and log["ended"] and log["ratio"] == 0.0 and log["ccp_rounds"] == 2
+    assert log["ccp"] and log["ended"] and log["ratio"] == pytest.approx(0.0, abs=1e-12) and log["ccp_rounds"] == 2
     assert log["sets"] == [list(range(6))] * 6  # the ending round still aggregates by MDS
     assert not srv.in_ccp
     G = srv.G.clone()
@@ -228,6 +239,39 @@ def test_ccp_ends_at_the_first_drop_below_delta_never_restarts_and_heads_then_fo
         for k in range(6):
             expected = bias_mean(range(6), later, [float(g) for g in G[k]]).float()
             assert torch.allclose(srv.heads[k]["head.bias"], expected, atol=1e-6)
+
+
+def test_rounding_noise_in_the_similarities_neither_splits_sets_nor_moves_the_ccp(monkeypatch):
+    # Regression: on another machine the cosines of identical heads came out 1 ± 1e-16, the
+    # ratio 1.1e-16 instead of 0. Noise of a few ulps must change no set, gap or CCP decision.
+    real = fedrema_module.cosine_matrix
+    g = torch.Generator().manual_seed(0)
+
+    def noisy(a, b):
+        S = real(a, b)
+        return S + 3e-16 * torch.randn(S.shape, generator=g, dtype=S.dtype)
+
+    monkeypatch.setattr(fedrema_module, "cosine_matrix", noisy)
+    srv, init = server()
+    comm = run_round(srv, init, 1, range(6), {k: grouped(k) for k in range(6)})
+    assert comm.logged["fedrema"]["sets"] == [[0, 1, 2]] * 3 + [[3, 4, 5]] * 3
+    comm = run_round(srv, init, 2, range(6), {k: grouped(0) for k in range(6)})  # identical heads
+    log = comm.logged["fedrema"]
+    assert log["sets"] == [list(range(6))] * 6 and log["set_sizes"] == [6] * 6
+    assert log["mean_gap"] == 0.0 and log["ended"]  # exactly 0: noise-level gaps are no gaps
+    # while every round's gaps are noise, the historical max stays 0 and the CCP goes on
+    srv, init = server()
+    for rnd in (1, 2, 3):
+        comm = run_round(srv, init, rnd, range(6), {k: grouped(0) for k in range(6)})
+        log = comm.logged["fedrema"]
+        assert log["max_gap"] == 0.0 and log["ratio"] == pytest.approx(1.0) and not log["ended"]
+    assert srv.in_ccp
+
+
+def test_ccp_ratio_equal_to_delta_up_to_rounding_goes_on():
+    assert ccp_check(0.1 + 0.2, 0.6, 0.5)[0]  # 0.30000000000000004 / 0.6: δ up to rounding
+    assert ccp_check(0.3 - 1e-15, 0.6, 0.5)[0]
+    assert not ccp_check(0.29, 0.6, 0.5)[0]
 
 
 def test_after_the_ccp_heads_use_the_latest_uploads_of_peers_not_sampled_now():
@@ -333,7 +377,7 @@ def test_without_ccp_mds_runs_every_round():
     srv, init = server(ccp=False)
     run_round(srv, init, 1, range(6), {k: grouped(k) for k in range(6)})
     comm = run_round(srv, init, 2, range(6), {k: grouped(0) for k in range(6)})
-    assert comm.logged["fedrema"]["ratio"] == 0.0 and not comm.logged["fedrema"]["ended"]
+    assert comm.logged["fedrema"]["ratio"] == pytest.approx(0.0, abs=1e-12) and not comm.logged["fedrema"]["ended"]
     comm = run_round(srv, init, 3, range(6), {k: grouped(k) for k in range(6)})
     log = comm.logged["fedrema"]
     assert srv.in_ccp and log["ccp"] and log["ccp_rounds"] == 3
@@ -352,7 +396,7 @@ def test_without_mds_it_is_exactly_fedavg():
         assert_same(fedrema.server.evaluation_message(k).tensors, fedavg.server.weights)
     # and with MDS the personalised rows differ
     mds_rows, _ = run(tiny_config(algorithm="fedrema"))
-    assert [r["personalized_acc"] for r in mds_rows] != [r["personalized_acc"] for r in fed_rows]
+    assert [r["personalized_acc"] for r in mds_rows] != pytest.approx([r["personalized_acc"] for r in fed_rows])
 
 
 @pytest.mark.parametrize(

@@ -501,9 +501,9 @@ def test_estimate_uses_the_closest_finished_runs_and_the_rounds_done(tmp_path):
 
     est = estimate(statuses)
     m = {label: est.minutes[r.dir] for label, r in run.items()}
-    assert m["a/fedavg/seed0"] == 10 and m["b/fedavg/seed0"] == 30  # measured
-    assert m["a/fedavg/seed1"] == 10 and m["b/fedavg/seed1"] == 30  # same method, same setting
-    assert m["a/slow/seed1"] == 50  # same method (the algorithm's mean would be 30)
+    assert m["a/fedavg/seed0"] == pytest.approx(10) and m["b/fedavg/seed0"] == pytest.approx(30)  # measured
+    assert m["a/fedavg/seed1"] == pytest.approx(10) and m["b/fedavg/seed1"] == pytest.approx(30)  # same method, setting
+    assert m["a/slow/seed1"] == pytest.approx(50)  # same method (the algorithm's mean would be 30)
     # Same method in another setting, scaled: fedavg took 3 times as long in b as in a.
     assert m["b/slow/seed1"] == pytest.approx(150)
     assert m["b/slow/seed0"] == pytest.approx(150 * (1 - 3 / 4))  # busy: the last whole record is round 3

@@ -46,6 +46,10 @@ Interpretations where the paper is silent (several settled by the authors' publi
   With no gap to compare (one peer, or all peers equally similar) every uploading client is
   relevant and Δs_k = 0 (one uploading client: A_k = {k}). While the historical maximum of
   Δs̄ is 0 the ratio counts as 1 (nothing has dropped yet), so the CCP continues.
+- "Equal" is up to ``TIE`` = 1e-9: the float64 cosines of identical heads differ by ~1e-16
+  depending on the BLAS, so a gap of at most ``TIE`` is no gap (Δs_k = 0 exactly, nobody cut
+  off), gaps within ``TIE`` of the largest count as equal to it, and a ratio within ``TIE`` of δ
+  as δ. Otherwise rounding alone would split a set, pick another cut, or move the CCP's end.
 - After the CCP, G[k, j] > 0 only for clients j that uploaded during the CCP, so every φ̂_j in
   Eq. 10 exists. A client whose row of G is empty (it never took part during the CCP) gets its
   own upload, as if G[k, k] = 1 (MDS always counts k in its own set).
@@ -83,6 +87,7 @@ if TYPE_CHECKING:
 
 SOFT_LOGITS_KEY = 0x50F7  # seed key of the random feature r, with the run seed and the round
 SETS_LOGGED_UP_TO = 32  # log the relevant sets themselves for runs of at most this many clients
+TIE = 1e-9  # similarities, gaps and ratios closer than this are equal (rounding differs between machines)
 
 
 class FedReMaConfig(AlgorithmConfig):
@@ -132,7 +137,10 @@ def mds(row: torch.Tensor | Sequence[float], k: int) -> tuple[list[int], float]:
     values = row[peers]
     ordered = torch.sort(values, stable=True).values
     gaps = ordered[1:] - ordered[:-1]  # the gap to k's own similarity is never among these
-    m = int(torch.argmax(gaps))  # the first of equal largest gaps
+    largest = float(gaps.max())
+    if largest <= TIE:  # all peers equally similar (up to rounding): no gap, all relevant
+        return list(range(len(row))), 0.0
+    m = int(torch.nonzero(gaps >= largest - TIE)[0])  # the first of equal largest gaps
     cut = ordered[m + 1]  # by value, so equal similarities stay on one side
     members = [j for j, v in zip(peers, values.tolist()) if v >= cut] + [k]
     return sorted(members), float(gaps[m])
@@ -141,11 +149,12 @@ def mds(row: torch.Tensor | Sequence[float], k: int) -> tuple[list[int], float]:
 def ccp_check(mean_gap: float, max_gap: float, delta: float) -> tuple[bool, float, float]:
     """Eq. 8–9 for one round: (the CCP goes on, the new historical max, the ratio).
 
-    The historical max includes this round; while it is 0 the ratio counts as 1.
+    The historical max includes this round; while it is 0 the ratio counts as 1. A ratio within
+    ``TIE`` of δ counts as δ (the CCP goes on), whatever the rounding.
     """
     max_gap = max(max_gap, mean_gap)
     ratio = mean_gap / max_gap if max_gap > 0 else 1.0
-    return ratio >= delta, max_gap, ratio
+    return ratio >= delta - TIE, max_gap, ratio
 
 
 class FedReMaServer(ServerHalf):

@@ -38,19 +38,32 @@ have a prototype; with the global prototypes "GLDP-GP", with its local ones "GLD
 (*interpretation*): with stage tasks the classes of its stages 0..m, without them the classes
 in its training data.
 
-Losses (*interpretation*, a reconstruction of Eqs. 7, 8, 10):
+Losses (a reconstruction of Eqs. 7, 8, 10; the form of p and τ's place are FedPRP's code):
 
-- p(y = j | x; c) = softmax_j(−‖z − c^j‖² / τ), τ = 0.07 (squared Euclidean distance summed
-  over the feature dimensions).
+- p(y = j | x; c) = softmax_j(cos(z, c^j) / τ), τ = 0.07: the cosine similarity of the
+  L2-normalised representation and prototype, divided by τ (code). FedPRP's prototype relation
+  term scores features against class prototypes by the "pairwise cosine similarity" of the
+  unit-length vectors divided by its ``temperature`` (default 0.07); its MSE term to the global
+  prototypes (our L_GLPR) has no temperature. (FedPRP's code negates that similarity, a sign
+  apparently kept from a distance-based version; here the most similar prototype gets the
+  highest probability, as Eq. 13 predicts the nearest one: *interpretation*.) With scores in
+  [−1, 1] the logits stay within ±1/τ ≈ 14, so L_LPR ≤ 4/τ and ‖∂L_LPR/∂z_i‖ ≤ 2/(B·τ·‖z_i‖)
+  whatever the features' scale.
+  *Why not distances*: an earlier reading here used softmax_j(−‖z − c^j‖²/τ). With raw
+  features (norms about 20 for cnn-fmnist) squared distances are in the hundreds and ÷ 0.07
+  logit gaps in the thousands: the teacher p is exactly one-hot, L_LPR is −log of a vanishing
+  probability and its gradient grows with the distances. On fmnist stages (20 clients, IF 10)
+  L_LPR reached 3.7·10¹² and CE 2·10¹⁴ by round 3, and the loss was NaN at round 4.
+  ``relation = "distance"`` keeps that reading for comparison only: it diverges at τ = 0.07.
 - L_LPR = KL(p(·|x; c_old, φ_old) ‖ p(·|x; c_old, φ)) over the current stage's samples, batch
   mean: c_old are the client's local prototypes and φ_old its own trained shared layers at the
   end of its previous stage (the last stage in which it trained), kept in ``ctx.state`` and
   run in a workspace model in inference mode. It is 0 in stage 0, in runs without stage tasks,
-  and for a client that trained in no earlier stage. With τ = 0.07 and unnormalised features
-  p is nearly one-hot, so L_LPR is close to 0 while the nearest old prototype stays the same
-  and large (tens) where it changes; ``tau`` = 0.07·d turns the distance into a per-dimension one.
-- L_GLPR = Σ_i w_{y_i} · ‖z_i − C^{y_i}‖² / (B·d) (``alignment = mse``, the FedProto/FedPAC
-  convention; ``l2sq`` divides by B only), samples whose label has no global prototype adding 0.
+  and for a client that trained in no earlier stage.
+- L_GLPR = Σ_i w_{y_i} · ‖z_i − C^{y_i}‖² / (B·d) (``alignment = mse``: FedPRP's MSE between
+  the features and their class's global prototype, the FedProto/FedPAC convention; ``l2sq``
+  divides by B only), samples whose label has no global prototype adding 0. It involves no τ
+  (a pull, linear in z − C, not a softmax over distances).
   ``glpr_weighting = inverse_frequency`` gives the client's few-sample classes more weight:
   w_j = n_k / (J_k · n_k^j), with n_k^j the client's current training samples of class j,
   n_k = Σ_j n_k^j and J_k the number of classes present; every class then weighs the same in
@@ -120,7 +133,11 @@ OLD_ROLE = "gldp.old"  # workspace model holding the client's shared layers of i
 
 class GLDPConfig(AlgorithmConfig):
     lam: float = Field(0.5, ge=0, le=1, description="λ: L = CE + λ·L_GLPR + (1−λ)·L_LPR")
-    tau: float = Field(0.07, gt=0, description="τ: temperature of p(j|x) = softmax(−‖z − c_j‖²/τ) in L_LPR")
+    tau: float = Field(0.07, gt=0, description="τ: temperature of p(j|x) = softmax_j(cos(z, c_j)/τ) in L_LPR")
+    relation: Literal["cosine", "distance"] = Field(
+        "cosine",
+        description="L_LPR scores: cos(z, c_j)/τ (FedPRP), or −‖z − c_j‖²/τ (earlier reading; diverges at τ = 0.07)",
+    )
     beta: float = Field(0.5, gt=0, le=1, description="β: local prototypes c ← β·c_new + (1−β)·c_old")
     global_beta: float = Field(
         1.0, gt=0, le=1, description="global prototypes C ← β_g·mean + (1−β_g)·C_old (1: replace, as the code)"
@@ -219,16 +236,21 @@ def moving_average(
 # --- losses --------------------------------------------------------------------------------------
 
 
-def prototype_log_probs(z: torch.Tensor, protos: torch.Tensor, tau: float) -> torch.Tensor:
-    """log p(j|x) = log softmax_j(−‖z − c_j‖² / τ) over the rows of ``protos``."""
-    d2 = (z.unsqueeze(1) - protos.unsqueeze(0)).pow(2).sum(2)
-    return F.log_softmax(-d2 / tau, dim=1)
+def prototype_log_probs(z: torch.Tensor, protos: torch.Tensor, tau: float, relation: str = "cosine") -> torch.Tensor:
+    """log p(j|x) = log softmax_j(cos(z, c_j)/τ) over the rows of ``protos`` (distance: −‖z − c_j‖²/τ)."""
+    if relation == "distance":  # unbounded in the features' scale: kept for comparison only
+        scores = -(z.unsqueeze(1) - protos.unsqueeze(0)).pow(2).sum(2)
+    else:
+        scores = F.normalize(z, dim=1) @ F.normalize(protos, dim=1).T
+    return F.log_softmax(scores / tau, dim=1)
 
 
-def relation_loss(z_old: torch.Tensor, z: torch.Tensor, protos: torch.Tensor, tau: float) -> torch.Tensor:
+def relation_loss(
+    z_old: torch.Tensor, z: torch.Tensor, protos: torch.Tensor, tau: float, relation: str = "cosine"
+) -> torch.Tensor:
     """L_LPR = KL(p(·|z_old) ‖ p(·|z)) with the old prototypes, mean over the batch."""
-    teacher = prototype_log_probs(z_old, protos, tau)
-    return F.kl_div(prototype_log_probs(z, protos, tau), teacher, log_target=True, reduction="batchmean")
+    teacher = prototype_log_probs(z_old, protos, tau, relation)
+    return F.kl_div(prototype_log_probs(z, protos, tau, relation), teacher, log_target=True, reduction="batchmean")
 
 
 def glpr_class_weights(counts: torch.Tensor, weighting: str = "inverse_frequency") -> torch.Tensor:
@@ -279,7 +301,7 @@ def gldp_loss(
             old, protos = lpr
             with torch.no_grad():
                 z_old = embed(old, x)
-            total = total + (1 - opts.lam) * relation_loss(z_old, z, protos, opts.tau)
+            total = total + (1 - opts.lam) * relation_loss(z_old, z, protos, opts.tau, opts.relation)
         return total
 
     return term
