@@ -10,9 +10,9 @@ import torch
 from conftest import tiny_config
 from fedtail.algorithms.base import Message
 from fedtail.config import FaultConfig
-from fedtail.engine import prepare
+from fedtail.engine import prepare, replies
 from fedtail.engine.checkpoint import encode
-from fedtail.engine.replies import Channel, Delivered, ReplyCheck, RoundSkipped, dropped_clients
+from fedtail.engine.replies import Channel, Delivered, ReplyCheck, RoundSkipped, dropped_clients, nonfinite_at
 from fedtail.engine.simulation import Simulation, sample_clients
 from fedtail.errors import ConfigError, RunDiverged
 from fedtail.runner import run_to_folder
@@ -21,6 +21,16 @@ from helpers import PACKAGED, algorithm_config, invoke, run, same, strip_timing,
 
 def round_logs(rows: list[dict]) -> list[dict]:
     return [log for row in rows for log in row["rounds_log"]]
+
+
+@pytest.fixture
+def lose(monkeypatch):
+    """``lose({round: {clients}})``: exactly those clients fail in those rounds (not the seeded draw)."""
+
+    def script(lost: dict[int, set[int]]) -> None:
+        monkeypatch.setattr(replies, "fails", lambda seed, rnd, cid, p: cid in lost.get(rnd, ()))
+
+    return script
 
 
 # --- every algorithm --------------------------------------------------------------------------------
@@ -59,6 +69,30 @@ def test_every_algorithm_survives_dropouts_and_a_round_where_every_client_fails(
     assert same(encode(sim.server.state_dict()), encode(fresh.server.state_dict()))
     assert sim.client_state == {}
     assert sim.meter.samples_trained == 0
+
+
+# 6 clients, all sampled every round: who fails. Every round misses someone; round 2 leaves one
+# client (MuPFL with 2 round-robin edges: edge 1 gets nothing, edge 0 one reply), round 5 one edge.
+LOST = {1: {0, 3}, 2: {0, 1, 2, 3, 5}, 3: {1, 4}, 4: {4}, 5: {0, 1, 2}, 6: {2, 5}}
+
+
+@pytest.mark.parametrize("name", PACKAGED)
+def test_every_algorithm_runs_on_partial_replies_in_every_round(name, lose):
+    lose(LOST)
+    config = algorithm_config(name, checkpoint_every=0, rounds=6, fraction=1.0)
+    rows, sim = run(config)
+    logs = round_logs(rows)
+    assert [log["round"] for log in logs] == list(range(1, 7))
+    # FedGroup has nothing to do before K members of its pre-training set P replied; a round in
+    # which every client of P fails ends with that exchange (here round 2)
+    grouped = next(i for i, log in enumerate(logs) if "clustering" in log) if name == "fedgroup" else 0
+    for i, log in enumerate(logs):
+        assert "skipped" not in log or i < grouped
+        if name not in ("fedgroup", "flhc"):  # they also message clients beyond the sampled ones
+            assert log["replied"] == 6 - len(LOST[log["round"]])
+    assert nonfinite_at(rows) is None
+    assert nonfinite_at(sim.server.state_dict()) is None and nonfinite_at(sim.edge.state_dict()) is None
+    assert len(rows) == 6 and all(0 <= row["personalized_acc"] <= 1 for row in rows)
 
 
 # --- dropouts ---------------------------------------------------------------------------------------
