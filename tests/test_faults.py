@@ -95,6 +95,23 @@ def test_every_algorithm_runs_on_partial_replies_in_every_round(name, lose):
     assert len(rows) == 6 and all(0 <= row["personalized_acc"] <= 1 for row in rows)
 
 
+# --- missing replies, algorithm by algorithm ---------------------------------------------------------
+
+
+def clustering_records(rows: list[dict]) -> list[dict | None]:
+    return [log.get("clustering") for log in round_logs(rows)]
+
+
+def test_fedac_clusters_first_once_enough_clients_have_uploaded(lose):
+    # K-means of R^0 needs K models: with one upload there would be one cluster for good (CNT
+    # cannot split K = 1), so the first clustering waits for min(K, clients a round) uploads
+    lose({1: {0, 1, 2, 3, 4}})
+    config = tiny_config(algorithm="fedac", rounds=3, fraction=1.0, options={"num_clusters": 2, "cnt": False})
+    records = clustering_records(run(config)[0])
+    assert records[1] is not None and records[1]["num_clusters"] == 2
+    assert records[0] is None and sorted(records[1]["clients"]) == list(range(6))
+
+
 # --- dropouts ---------------------------------------------------------------------------------------
 
 
