@@ -9,6 +9,8 @@ import torch
 
 from conftest import tiny_config
 from fedtail.algorithms.base import Message
+from fedtail.algorithms.clustering import flatten
+from fedtail.algorithms.ifca import random_init_weights
 from fedtail.config import FaultConfig
 from fedtail.engine import prepare, replies
 from fedtail.engine.checkpoint import encode
@@ -110,6 +112,22 @@ def test_fedac_clusters_first_once_enough_clients_have_uploaded(lose):
     records = clustering_records(run(config)[0])
     assert records[1] is not None and records[1]["num_clusters"] == 2
     assert records[0] is None and sorted(records[1]["clients"]) == list(range(6))
+
+
+def test_fesem_seeds_its_centres_from_trained_models_once_enough_have_uploaded(lose):
+    # with one trained model the other centre would be a random initialisation, nobody's nearest
+    lose({1: {0, 1, 2, 3, 4}})
+    config = tiny_config(algorithm="fesem", rounds=2, fraction=1.0, options={"num_clusters": 2})
+    rows, sim = run(config)
+    server, ctx = sim.server, sim.server_ctx
+    init = flatten(ctx.init_weights, server.keys)
+    far = float((flatten(random_init_weights(ctx, 1), server.keys) - init).norm())
+    # round 2 still trained the initial model everywhere; the centres are means of those models
+    models = torch.stack([server.models[c] for c in range(6)])
+    assert float((models - init).norm(dim=1).max()) < 0.2 * far
+    assert float((server.centres - init).norm(dim=1).max()) < 0.2 * far
+    records = clustering_records(rows)
+    assert records[0] is None and records[1]["clients"] == list(range(6)) and records[1]["num_clusters"] == 2
 
 
 # --- dropouts ---------------------------------------------------------------------------------------
