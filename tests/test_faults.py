@@ -104,6 +104,20 @@ def clustering_records(rows: list[dict]) -> list[dict | None]:
     return [log.get("clustering") for log in round_logs(rows)]
 
 
+def test_fedgroup_groups_clients_whose_cold_start_failed_once_they_reply(lose):
+    config = algorithm_config("fedgroup", checkpoint_every=0, rounds=2, fraction=1.0)
+    pretrained = clustering_records(run(config.model_copy(update={"rounds": 1}))[0])[0]["pretrained"]
+    others = sorted(set(range(6)) - set(pretrained))
+    lost = {pretrained[0], others[0]}  # one of P (K = 2 of its 3 still reply) and one newcomer
+    lose({1: lost})
+    rows, sim = run(config)
+    first, second = clustering_records(rows)
+    assert first["pretrained"] == pretrained[1:] and first["newcomers"] == others[1:]
+    assert first["clients"] == sorted(set(range(6)) - lost)
+    assert second["newcomers"] == sorted(lost) and second["clients"] == list(range(6))
+    assert sorted(sim.server.group_of) == list(range(6))
+
+
 def test_fedac_clusters_first_once_enough_clients_have_uploaded(lose):
     # K-means of R^0 needs K models: with one upload there would be one cluster for good (CNT
     # cannot split K = 1), so the first clustering waits for min(K, clients a round) uploads
