@@ -144,6 +144,30 @@ def test_fesem_seeds_its_centres_from_trained_models_once_enough_have_uploaded(l
     assert records[0] is None and records[1]["clients"] == list(range(6)) and records[1]["num_clusters"] == 2
 
 
+def test_mupfl_edges_reduce_the_replies_that_arrived(lose):
+    lose({1: {0, 1, 2, 3, 5}})  # round-robin edges: edge 0 keeps client 4, edge 1 gets nothing
+    config = algorithm_config("mupfl", checkpoint_every=0, rounds=2, fraction=1.0)
+    rows, sim = run(config)
+    first, second = (log["acmu"] for log in round_logs(rows))
+    assert [(r["edge"], r["clients"], r["clusters"], r["kappa"]) for r in first] == [(0, [4], [0], 1)]
+    assert [r["clients"] for r in second] == [[0, 2, 4], [1, 3, 5]]
+    # after round 1 the global model was client 4's model (a cluster of one: w̃ = w)
+    once = run(config.model_copy(update={"rounds": 1}))[1]
+    personal = once.client_state[4]["personal"]
+    assert all(torch.allclose(once.server.weights[k].double(), personal[k].double(), atol=1e-6) for k in personal)
+    assert set(once.client_state) == {4}
+
+
+def test_fedpac_combines_only_the_heads_that_arrived(lose):
+    lose({1: {0, 2, 3, 5}})
+    config = tiny_config(algorithm="fedpac", rounds=1, fraction=1.0)
+    rows, sim = run(config)
+    alpha = round_logs(rows)[0]["fedpac_alpha"]
+    assert alpha["clients"] == [1, 4] and len(alpha["weights"]) == 2
+    assert all(len(row) == 2 and sum(row) == pytest.approx(1.0, abs=1e-3) for row in alpha["weights"])
+    assert set(sim.client_state) == {1, 4}  # the failed clients never trained nor got a head
+
+
 # --- dropouts ---------------------------------------------------------------------------------------
 
 
