@@ -52,6 +52,10 @@ for (v, b_g) at the start.
   classes a client lacks stay finite).
 - Server training (fine-tuning, gate, distillation) runs with autograd; every other server
   computation (the client models' outputs, the teacher) in inference mode.
+
+Missing replies (``--dropout``, rejected replies): w̄ averages the models that arrived, and the
+ensemble (ω_k, h(x), or the plain mean of logits) runs over those clients only (K is the number
+of replies); the gate's parameters are per class and feature, not per client, so they carry over.
 """
 
 from __future__ import annotations
