@@ -199,6 +199,16 @@ class ScriptedComm(RecordingComm):
             yield cid, self.replies[cid]
 
 
+class PartialComm(ScriptedComm):
+    """A :class:`ScriptedComm` whose clients without a prepared reply do not answer (failed, or rejected)."""
+
+    def stream(self, messages):
+        self.sent = dict(messages)
+        for cid in sorted(messages):
+            if cid in self.replies:
+                yield cid, self.replies[cid]
+
+
 class PlantedUpdateComm(RecordingComm):
     """A channel whose clients "train" by adding a planted update to the model they receive."""
 

@@ -9,10 +9,12 @@ import torch
 
 from conftest import tiny_config
 from fedtail.algorithms.base import Message
+from fedtail.algorithms.clustering import flatten
+from fedtail.algorithms.ifca import random_init_weights
 from fedtail.config import FaultConfig
-from fedtail.engine import prepare
+from fedtail.engine import prepare, replies
 from fedtail.engine.checkpoint import encode
-from fedtail.engine.replies import Channel, Delivered, ReplyCheck, RoundSkipped, dropped_clients
+from fedtail.engine.replies import Channel, Delivered, ReplyCheck, RoundSkipped, dropped_clients, nonfinite_at
 from fedtail.engine.simulation import Simulation, sample_clients
 from fedtail.errors import ConfigError, RunDiverged
 from fedtail.runner import run_to_folder
@@ -21,6 +23,16 @@ from helpers import PACKAGED, algorithm_config, invoke, run, same, strip_timing,
 
 def round_logs(rows: list[dict]) -> list[dict]:
     return [log for row in rows for log in row["rounds_log"]]
+
+
+@pytest.fixture
+def lose(monkeypatch):
+    """``lose({round: {clients}})``: exactly those clients fail in those rounds (not the seeded draw)."""
+
+    def script(lost: dict[int, set[int]]) -> None:
+        monkeypatch.setattr(replies, "fails", lambda seed, rnd, cid, p: cid in lost.get(rnd, ()))
+
+    return script
 
 
 # --- every algorithm --------------------------------------------------------------------------------
@@ -59,6 +71,101 @@ def test_every_algorithm_survives_dropouts_and_a_round_where_every_client_fails(
     assert same(encode(sim.server.state_dict()), encode(fresh.server.state_dict()))
     assert sim.client_state == {}
     assert sim.meter.samples_trained == 0
+
+
+# 6 clients, all sampled every round: who fails. Every round misses someone; round 2 leaves one
+# client (MuPFL with 2 round-robin edges: edge 1 gets nothing, edge 0 one reply), round 5 one edge.
+LOST = {1: {0, 3}, 2: {0, 1, 2, 3, 5}, 3: {1, 4}, 4: {4}, 5: {0, 1, 2}, 6: {2, 5}}
+
+
+@pytest.mark.parametrize("name", PACKAGED)
+def test_every_algorithm_runs_on_partial_replies_in_every_round(name, lose):
+    lose(LOST)
+    config = algorithm_config(name, checkpoint_every=0, rounds=6, fraction=1.0)
+    rows, sim = run(config)
+    logs = round_logs(rows)
+    assert [log["round"] for log in logs] == list(range(1, 7))
+    # FedGroup has nothing to do before K members of its pre-training set P replied; a round in
+    # which every client of P fails ends with that exchange (here round 2)
+    grouped = next(i for i, log in enumerate(logs) if "clustering" in log) if name == "fedgroup" else 0
+    for i, log in enumerate(logs):
+        assert "skipped" not in log or i < grouped
+        if name not in ("fedgroup", "flhc"):  # they also message clients beyond the sampled ones
+            assert log["replied"] == 6 - len(LOST[log["round"]])
+    assert nonfinite_at(rows) is None
+    assert nonfinite_at(sim.server.state_dict()) is None and nonfinite_at(sim.edge.state_dict()) is None
+    assert len(rows) == 6 and all(0 <= row["personalized_acc"] <= 1 for row in rows)
+
+
+# --- missing replies, algorithm by algorithm ---------------------------------------------------------
+
+
+def clustering_records(rows: list[dict]) -> list[dict | None]:
+    return [log.get("clustering") for log in round_logs(rows)]
+
+
+def test_fedgroup_groups_clients_whose_cold_start_failed_once_they_reply(lose):
+    config = algorithm_config("fedgroup", checkpoint_every=0, rounds=2, fraction=1.0)
+    pretrained = clustering_records(run(config.model_copy(update={"rounds": 1}))[0])[0]["pretrained"]
+    others = sorted(set(range(6)) - set(pretrained))
+    lost = {pretrained[0], others[0]}  # one of P (K = 2 of its 3 still reply) and one newcomer
+    lose({1: lost})
+    rows, sim = run(config)
+    first, second = clustering_records(rows)
+    assert first["pretrained"] == pretrained[1:] and first["newcomers"] == others[1:]
+    assert first["clients"] == sorted(set(range(6)) - lost)
+    assert second["newcomers"] == sorted(lost) and second["clients"] == list(range(6))
+    assert sorted(sim.server.group_of) == list(range(6))
+
+
+def test_fedac_clusters_first_once_enough_clients_have_uploaded(lose):
+    # K-means of R^0 needs K models: with one upload there would be one cluster for good (CNT
+    # cannot split K = 1), so the first clustering waits for min(K, clients a round) uploads
+    lose({1: {0, 1, 2, 3, 4}})
+    config = tiny_config(algorithm="fedac", rounds=3, fraction=1.0, options={"num_clusters": 2, "cnt": False})
+    records = clustering_records(run(config)[0])
+    assert records[1] is not None and records[1]["num_clusters"] == 2
+    assert records[0] is None and sorted(records[1]["clients"]) == list(range(6))
+
+
+def test_fesem_seeds_its_centres_from_trained_models_once_enough_have_uploaded(lose):
+    # with one trained model the other centre would be a random initialisation, nobody's nearest
+    lose({1: {0, 1, 2, 3, 4}})
+    config = tiny_config(algorithm="fesem", rounds=2, fraction=1.0, options={"num_clusters": 2})
+    rows, sim = run(config)
+    server, ctx = sim.server, sim.server_ctx
+    init = flatten(ctx.init_weights, server.keys)
+    far = float((flatten(random_init_weights(ctx, 1), server.keys) - init).norm())
+    # round 2 still trained the initial model everywhere; the centres are means of those models
+    models = torch.stack([server.models[c] for c in range(6)])
+    assert float((models - init).norm(dim=1).max()) < 0.2 * far
+    assert float((server.centres - init).norm(dim=1).max()) < 0.2 * far
+    records = clustering_records(rows)
+    assert records[0] is None and records[1]["clients"] == list(range(6)) and records[1]["num_clusters"] == 2
+
+
+def test_mupfl_edges_reduce_the_replies_that_arrived(lose):
+    lose({1: {0, 1, 2, 3, 5}})  # round-robin edges: edge 0 keeps client 4, edge 1 gets nothing
+    config = algorithm_config("mupfl", checkpoint_every=0, rounds=2, fraction=1.0)
+    rows, sim = run(config)
+    first, second = (log["acmu"] for log in round_logs(rows))
+    assert [(r["edge"], r["clients"], r["clusters"], r["kappa"]) for r in first] == [(0, [4], [0], 1)]
+    assert [r["clients"] for r in second] == [[0, 2, 4], [1, 3, 5]]
+    # after round 1 the global model was client 4's model (a cluster of one: w̃ = w)
+    once = run(config.model_copy(update={"rounds": 1}))[1]
+    personal = once.client_state[4]["personal"]
+    assert all(torch.allclose(once.server.weights[k].double(), personal[k].double(), atol=1e-6) for k in personal)
+    assert set(once.client_state) == {4}
+
+
+def test_fedpac_combines_only_the_heads_that_arrived(lose):
+    lose({1: {0, 2, 3, 5}})
+    config = tiny_config(algorithm="fedpac", rounds=1, fraction=1.0)
+    rows, sim = run(config)
+    alpha = round_logs(rows)[0]["fedpac_alpha"]
+    assert alpha["clients"] == [1, 4] and len(alpha["weights"]) == 2
+    assert all(len(row) == 2 and sum(row) == pytest.approx(1.0, abs=1e-3) for row in alpha["weights"])
+    assert set(sim.client_state) == {1, 4}  # the failed clients never trained nor got a head
 
 
 # --- dropouts ---------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from conftest import tiny_config
 from fedtail.algorithms import fedrema as fedrema_module
 from fedtail.algorithms.fedrema import ccp_check, mds, random_feature, soft_logits
 from helpers import (
+    PartialComm,
     ScriptedComm,
     assert_config_error,
     assert_same,
@@ -310,6 +311,24 @@ def test_partial_participation_ranks_only_uploaders_and_leaves_the_others_alone(
     assert comm.logged["fedrema"]["sets"] == [[1, 2], [1, 2], [4, 5], [4, 5]]
     for k in (0, 3):
         assert_same(srv.heads[k], kept[k])
+
+
+@pytest.mark.parametrize("uploads", [[0, 4], [3]])
+def test_a_round_with_fewer_than_three_uploads_never_ends_the_ccp(uploads):
+    # With fewer than two peers no client has a gap (Δs_k = 0): a round whose other clients did not
+    # reply says nothing about Δs̄, and must not end the CCP by a ratio of 0.
+    srv, init = server()
+    heads = {k: grouped(k) for k in range(6)}
+    run_round(srv, init, 1, range(6), heads)
+    max_gap = srv.max_gap
+    assert max_gap > 0.5
+    comm = PartialComm(scripted(init, uploads, heads).replies)  # the other clients are sent a head, never answer
+    srv.run_round(2, list(range(6)), comm)
+    log = comm.logged["fedrema"]
+    assert log["ccp"] and not log["ended"] and log["ratio"] is None and log["clients"] == uploads
+    assert srv.in_ccp and srv.max_gap == max_gap and srv.ccp_rounds == 2
+    assert log["sets"] == [uploads] * len(uploads)  # still MDS: each uploader with the others present
+    assert run_round(srv, init, 3, range(6), heads).logged["fedrema"]["ccp"]
 
 
 def test_fit_messages_carry_each_clients_own_head():

@@ -1,4 +1,9 @@
-"""Aggregation helpers shared by the algorithms."""
+"""Aggregation helpers shared by the algorithms.
+
+Missing replies: the engine ends a round when an exchange gets no reply, so a mean over one
+exchange's replies is never empty; a mean per cluster or group must be created when a member's
+reply arrives, not for every member messaged (one nobody replied to would be a mean of nothing).
+"""
 
 from __future__ import annotations
 

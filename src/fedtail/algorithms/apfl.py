@@ -46,6 +46,9 @@ Defaults and *interpretations*:
 The authors' code differs from the paper in ways not followed here: it mixes the two models'
 outputs, α·v(x) + (1 − α)·w(x), rather than their parameters, and updates α once per round
 (first batch) with an extra 0.02·α term in its gradient.
+
+Missing replies (``--dropout``, rejected replies): the global model is FedAvg's mean of the
+replies that arrived; a client that did not reply keeps v_i and α_i unchanged.
 """
 
 from __future__ import annotations

@@ -44,6 +44,11 @@ reachable), so beyond the structure above everything is *interpretation*, each a
 - All K generalized models start as the run's initial model. A client never sampled is sent (for
   training and evaluation) the mean of the generalized models weighted by how many clients each
   currently holds (uniform before any assignment): the nearest thing to a global model.
+
+Missing replies (``--dropout``, rejected replies): k-means runs on the uploads that arrived
+(k = min(K, uploads)), and generalized models that no cluster of them continues are unchanged. A
+client that did not reply keeps its θ_i and its association; the fallback model counts the
+associations of every client that ever uploaded.
 """
 
 from __future__ import annotations

@@ -38,6 +38,10 @@ Details taken from the authors' code (the paper leaves them open):
 Features live in the input space of the model's last Linear (``model.classifier``): the body
 output for single-Linear heads (cnn-fmnist, resnet8, mlp), the hidden layer before the last
 Linear for deeper heads (cnn2fc), whose other head layers then stay FedAvg's.
+
+Missing replies (``--dropout``, rejected replies): w^t averages the models that arrived and g^c
+the gradients of the replying clients that hold c; a class none of them holds is left out of the
+matching (its features keep their values) and still takes part in the re-training.
 """
 
 from __future__ import annotations

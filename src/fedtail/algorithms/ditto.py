@@ -13,6 +13,9 @@ clients never sampled are evaluated with the current global model.
 
 Default λ = 1 (*interpretation*): the paper picks λ per device on validation data from {0.1, 1, 2}
 outside strong attacks, and uses the fixed λ = 1 there when a device has too few validation samples.
+
+Missing replies (``--dropout``, rejected replies): the global model is FedAvg's mean of the
+replies that arrived; a client that did not reply keeps its personal model v_k unchanged.
 """
 
 from __future__ import annotations

@@ -52,6 +52,13 @@ Interpretations where the paper is silent or inconsistent (each an option or not
   k-means++ centres, while K < ``max_clusters``. With K = 1, Dist_inter is undefined and CNT
   does nothing. Empty clusters after an E-step are dropped.
 - ``similarity=l2`` is the ablation of Sec. 5.4 (assignment by the nearest centre in L2).
+
+Missing replies (``--dropout``, rejected replies): Φ is the mean of the uploads that arrived; a
+client that did not reply keeps its last upload in the E-step, M-step and CNT (as a client not
+sampled), or stays unknown. R^0 waits until min(K, clients per round) clients have uploaded (no
+``clustering`` log until then; the PCA map is fitted then), since k-means on fewer models gives
+fewer clusters, and a lone cluster CNT cannot split; meanwhile every client, uploaded or not, is
+pulled towards the mean of the known models.
 """
 
 from __future__ import annotations
@@ -239,7 +246,7 @@ class FedACServer(ServerHalf):
 
     def _anchor(self, cid: int) -> Tensors:
         """Ω_k*(i) of an assigned client; else the mean of the known models (or the initial one)."""
-        if cid in self.known:
+        if cid in self.known and len(self.centres):
             return self._as_model(self.centres[self.labels[self.known.index(cid)]])
         if not len(self.known):
             return dict(self.ctx.init_weights)
@@ -258,6 +265,9 @@ class FedACServer(ServerHalf):
             self._store(cid, flatten(reply.tensors, self.keys))
         self.phi = phi_mean.result()
         self.population = None
+        if len(self.centres) == 0 and len(self.known) < min(opts.num_clusters, self.ctx.config.clients_per_round):
+            # R^0 of fewer models has fewer clusters (a lone one CNT never splits): wait for more uploads
+            return
 
         seed = self.ctx.seed(rnd) % 2**31
         if self.pca is None or (rnd - 1) % opts.pca_every == 0:

@@ -7,6 +7,9 @@ w_k^{t+1}; the server sets
     w^{t+1} = Σ_{k∈S_t} (n_k / n_S) · w_k^{t+1},   n_S = Σ_{k∈S_t} n_k.
 
 Personalised accuracy is the global model evaluated on each client's local test data.
+
+Missing replies (``--dropout``, rejected replies): the mean runs over the replies that arrived
+(n_S sums their sample counts), as if the clients that did not reply had not been sampled.
 """
 
 from __future__ import annotations

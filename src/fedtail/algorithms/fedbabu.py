@@ -29,6 +29,9 @@ Defaults and *interpretations*:
 - fine-tuning uses the local update's settings: the run's learning rate (at the evaluated
   round), batch size, momentum and weight decay.
 - clients that hold no training data are evaluated with the global model unchanged.
+
+Missing replies (``--dropout``, rejected replies): the body is the sample-weighted mean of the
+bodies that arrived (the head never changes); evaluation does not depend on who replied.
 """
 
 from __future__ import annotations

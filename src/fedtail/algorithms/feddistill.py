@@ -36,6 +36,10 @@ Options and *interpretations*:
   FD's federated augmentation (the GAN) is not part of the baseline. λ = 1 (FedReMa).
 
 With λ = 0 every client trains and is evaluated exactly as in ``local``.
+
+Missing replies (``--dropout``, rejected replies): S^ℓ is made of the previous round's clients
+that replied. A client whose reply did not arrive adds nothing to the teachers (with
+``exclude_self`` it is then given the plain average) and keeps its model.
 """
 
 from __future__ import annotations

@@ -59,6 +59,14 @@ Interpretations where the paper is silent (each a named option or noted here):
   set P); its full record (``log_clustering_every``) adds all assigned clients with their group
   and their decomposed similarity vectors s_i as the points of the scatter (a newcomer's s_i
   uses the same v_k).
+
+Missing replies (``--dropout``, rejected replies): a group none of whose sampled members replied
+keeps its model (and its latest update direction). The groups are formed from the members of P
+that replied, once at least K did (until then the group cold start is tried again each round and
+nothing else happens). A client whose cold start got no reply stays a newcomer and is not sent a
+group model that round. Each cold start is an exchange of its own: a round in which all of P, or
+all of the round's newcomers, fail is ended and undone by the engine, even if grouped clients
+were alive.
 """
 
 from __future__ import annotations

@@ -56,6 +56,10 @@ for (v, b_g) at the start.
   fell from 2.3 to 5·10⁻¹⁶ to 0.0, the gate was NaN from round 4 and the global accuracy 0.10.
 - Server training (fine-tuning, gate, distillation) runs with autograd; every other server
   computation (the client models' outputs, the teacher) in inference mode.
+
+Missing replies (``--dropout``, rejected replies): w̄ averages the models that arrived, and the
+ensemble (ω_k, h(x), or the plain mean of logits) runs over those clients only (K is the number
+of replies); the gate's parameters are per class and feature, not per client, so they carry over.
 """
 
 from __future__ import annotations

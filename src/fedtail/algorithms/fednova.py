@@ -15,6 +15,9 @@ with p_i = n_i / Σ_{j∈S_t} n_j, sets
     τ_eff = Σ_i p_i ‖a_i‖₁,    w^{t+1} = w^t − τ_eff · Σ_i p_i d_i.
 
 When every client takes the same number of plain-SGD steps this is exactly FedAvg.
+
+Missing replies (``--dropout``, rejected replies): p_i, Σ_i p_i d_i and τ_eff are taken over the
+clients that replied (p_i = n_i / Σ_j n_j over them), as if the others had not been sampled.
 """
 
 from __future__ import annotations

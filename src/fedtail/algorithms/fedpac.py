@@ -48,6 +48,12 @@ their own head (first time: the run's initial head). There is no global model.
 - The head epoch uses the run's optimizer settings and learning rate (the authors' code uses lr
   0.1 for it, FedReMa a single lr 0.01 for all methods).
 - Global prototypes are rebuilt from each round's participants only.
+
+Missing replies (``--dropout``, rejected replies): φ and the global prototypes average the
+replies that arrived (a class none of them holds has no global prototype next round); the QP and
+the head combinations run over the replying clients only, and only they are sent a combined head.
+A client that did not reply keeps its head; one whose ``set_head`` reply is rejected keeps the
+head it trained.
 """
 
 from __future__ import annotations

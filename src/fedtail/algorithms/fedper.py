@@ -11,6 +11,9 @@ The only difference from FedRep (:mod:`fedtail.algorithms.fedrep`) is that body 
 trained together rather than head first, body second. A client's head starts as the run's
 common initial head; clients are evaluated with the current global base and their own head.
 The split is the model's body/head split (FedAC's convnet: the last linear layer is the head).
+
+Missing replies (``--dropout``, rejected replies): as FedRep, the base averages the bodies that
+arrived, and a client that did not reply keeps its head.
 """
 
 from __future__ import annotations

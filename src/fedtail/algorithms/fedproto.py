@@ -38,6 +38,10 @@ Options and *interpretations*:
   here all clients share the run's architecture) and, when not sampled, keeps its model.
 
 With λ = 0 and ``predict = head`` every client trains and is evaluated exactly as in ``local``.
+
+Missing replies (``--dropout``, rejected replies): N_j is the replying clients holding class j; a
+class none of them holds keeps its previous global prototype (``keep_absent``; dropped
+otherwise), as a class no sampled client holds. A client that did not reply keeps its model.
 """
 
 from __future__ import annotations

@@ -11,6 +11,9 @@ here with the run's E epochs of SGD. The server aggregates exactly like FedAvg,
 
 The proximal term limits client drift on heterogeneous data; μ = 0 is FedAvg. The paper tunes μ
 over {0.001, 0.01, 0.1, 1}; the default 0.01 is a mild pull from that grid.
+
+Missing replies (``--dropout``, rejected replies): as FedAvg, the mean runs over the replies that
+arrived.
 """
 
 from __future__ import annotations

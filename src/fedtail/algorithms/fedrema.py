@@ -62,6 +62,12 @@ Interpretations where the paper is silent (several settled by the authors' publi
   (exactly: same client training, same aggregation, nothing logged); ``ccp = false`` runs MDS
   every round and never switches to Eq. 10.
 
+Missing replies (``--dropout``, rejected replies): the clients that did not reply are treated as
+not sampled: S, MDS, Δs̄, G and Eq. 10 use the uploading clients only, and the others keep their
+heads and their rows of G. A round with fewer than three uploads (so no client has two peers to
+compare) does not take part in the CCP check (it never ends the CCP; ``ratio`` null in its log)
+once Δs̄ has been positive. The body and the global head average the uploads that arrived.
+
 Each round logs ``fedrema``: ``ccp`` (this round aggregated by MDS), ``ccp_rounds`` (MDS rounds
 so far: Table 3's "epochs of CCP"), and in MDS rounds ``mean_gap`` (Δs̄^t), ``max_gap``,
 ``ratio``, ``ended`` (the CCP ended this round), ``clients`` (the uploading ids, sorted),
@@ -229,7 +235,13 @@ class FedReMaServer(ServerHalf):
             gaps.append(gap)
         self.ccp_rounds += 1
         mean_gap = sum(gaps) / len(gaps)
-        goes_on, self.max_gap, ratio = ccp_check(mean_gap, self.max_gap, opts.delta)
+        ratio: float | None
+        if len(ids) < 3 and self.max_gap > 0:
+            # No uploader had two peers to compare (Δs_k = 0 by convention): a round whose other
+            # clients did not reply says nothing about Δs̄, so it cannot end the CCP.
+            goes_on, ratio = True, None
+        else:
+            goes_on, self.max_gap, ratio = ccp_check(mean_gap, self.max_gap, opts.delta)
         self.in_ccp = goes_on or not opts.ccp  # the ablation without CCP runs MDS every round
         record: dict[str, Any] = {
             "ccp": True,

@@ -13,6 +13,9 @@ current global body and its own head. There is no global model (no global head).
 
 Defaults (*interpretation*): the authors' code trains the head for 10 epochs and the body for 1
 epoch per round; here ``head_epochs`` defaults to the run's --local-epochs and ``body_epochs`` to 1.
+
+Missing replies (``--dropout``, rejected replies): φ^{t+1} is the sample-weighted mean of the
+bodies that arrived; a client that did not reply keeps its head h_i unchanged.
 """
 
 from __future__ import annotations

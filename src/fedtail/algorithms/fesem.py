@@ -29,7 +29,7 @@ Interpretations where the paper is silent (options, or noted here):
   common initial model (IFCA's starting models; FedGroup's reimplementation of FeSEM also starts
   from K random initialisations). ``first-round``: every client of round 1 trains the common
   initial model, and the centres are K of those models picked by k-means++ seeding
-  (scikit-learn), then the round's E- and M-steps run as usual; if round 1 has fewer than K
+  (scikit-learn), then the round's E- and M-steps run as usual; if a round samples fewer than K
   clients, the missing centres are random initialisations.
 - ``cold_start``: a client with no uploaded model yet has no assignment. ``random``: it belongs to
   a fixed random cluster, drawn once for all clients from the run seed as a balanced permutation
@@ -43,6 +43,13 @@ Interpretations where the paper is silent (options, or noted here):
   reduce to a fixed random partition; from round-1 models the E-step does move clients.
 - Integer buffers (BatchNorm's ``num_batches_tracked``) are not part of the vectors; the centres
   carry the common initial model's values for them.
+
+Missing replies (``--dropout``, rejected replies): a client that did not reply keeps its last
+upload (or stays unassigned), as a client not sampled; the E- and M-steps run over the uploads
+kept, and a centre left without members keeps its value. Under ``init=first-round`` the centres
+are seeded at the end of the first round by which min(K, clients per round) clients have
+uploaded (round 1 when every client replies); until then clients train the initial model and
+nothing is clustered or logged.
 """
 
 from __future__ import annotations
@@ -153,6 +160,9 @@ class FeSEMServer(ServerHalf):
         opts: FeSEMConfig = self.ctx.options
         for cid, reply in comm.stream({cid: self._message(cid, "fit") for cid in clients}):
             self.models[cid] = flatten(reply.tensors, self.keys)
+        if self.centres is None and len(self.models) < min(opts.num_clusters, self.ctx.config.clients_per_round):
+            # seeded now, some centres would be random initialisations where trained models will do
+            return
         cids = sorted(self.models)
         models = torch.stack([self.models[c] for c in cids])
         if self.centres is None:

@@ -102,6 +102,11 @@ Other *interpretations* and options:
   multi-layer heads (cnn2fc, alexnet-small).
 - Memory: with stage tasks a client keeps its latest trained shared layers (for φ_old) besides
   its classifier and prototypes, two copies at a stage change; without stages none.
+
+Missing replies (``--dropout``, rejected replies): φ, the global prototypes (over the replying
+holders of each class) and the mean classifier average the replies that arrived; a class none of
+them holds keeps its previous global prototype. A client that did not reply keeps its classifier,
+local prototypes and stage state, as a client not sampled.
 """
 
 from __future__ import annotations

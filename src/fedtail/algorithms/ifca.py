@@ -28,6 +28,10 @@ Interpretations where the paper is silent (options, or noted here):
   without ties no random number is drawn. A single model is taken without computing its loss.
 - The client reports ĵ as the reply metric ``choice``; sample weights are the clients'
   training-set sizes, as in FedAvg.
+
+Missing replies (``--dropout``, rejected replies): each cluster averages the replies that chose
+it; a cluster none of the replying clients chose keeps its model, as one nobody picked. The
+``clustering`` log lists the clients that replied.
 """
 
 from __future__ import annotations

@@ -3,6 +3,9 @@
 The lower reference of personalised FL. Each client starts from the run's common initial
 model, keeps its weights in its own state, and trains E epochs per round when sampled; the
 same sampling stream as the federated methods keeps training budgets comparable.
+
+Missing replies (``--dropout``, rejected replies): a client that does not reply keeps its model
+as it was, untrained that round; nothing is aggregated, so nothing else changes.
 """
 
 from __future__ import annotations

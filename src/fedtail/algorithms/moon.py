@@ -30,6 +30,9 @@ MOON's own best values are 5 on CIFAR-10 and 1 on CIFAR-100 and Tiny-ImageNet); 
   ``ctx.state["previous"]``), which under partial participation may be several rounds old.
 - the frozen models run in eval mode (BatchNorm with running statistics) and without autograd.
 - μ = 0 still computes the term (with weight 0), so it reproduces FedAvg's training exactly.
+
+Missing replies (``--dropout``, rejected replies): the server is FedAvg's (the mean of the replies
+that arrived); a client that did not reply keeps its previous local model w_i^{t−1}.
 """
 
 from __future__ import annotations

@@ -36,6 +36,9 @@ Defaults and *interpretations*:
   D'', at w̃ on D'); the sample count counts every batch read.
 - BatchNorm running statistics (ResNet) follow every forward pass in training mode, including
   the one at w̃.
+
+Missing replies (``--dropout``, rejected replies): the server is FedAvg's: the mean of the replies
+that arrived.
 """
 
 from __future__ import annotations

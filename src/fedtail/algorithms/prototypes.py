@@ -14,6 +14,10 @@ model, and both are averaged over clients class by class, so the pieces live her
 
 Absent classes are carried as zero rows with count 0 (client → server) or ``present = False``
 (server → client), so every payload has a fixed shape ``(C, d)``.
+
+Missing replies: a server's :class:`ClassMean` runs over the replies that arrived, so a class is
+"held" only by the replying clients; what a method does with a class none of them holds is the
+method's choice (see its module).
 """
 
 from __future__ import annotations

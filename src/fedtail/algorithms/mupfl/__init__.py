@@ -24,6 +24,12 @@ from the model after PKCF pre-training; the whole head is the "local classifier"
 client; Dist is a similarity, so the silhouette uses 1 − Dist. Ablations of Table VI:
 ``--set mupfl.bavd=false`` (plain training; ACMU then compares updates only),
 ``mupfl.acmu=false`` (w̃_i = w_i: plain weighted mean), ``mupfl.pkcf=false``.
+
+Missing replies (``--dropout``, rejected replies): each edge clusters and reduces the replies it
+received (:mod:`.acmu`); an edge none of whose clients replied forwards nothing, and the global
+model is the weighted mean over the edges that forwarded. PKCF averages the gradients of the
+replying holders of each class; a class none of them holds keeps its features. A client that did
+not reply keeps its personal model and its BAVD map.
 """
 
 from __future__ import annotations

@@ -18,6 +18,10 @@ as Eq. 11 does), or fixed (Table V). Inside cluster C_l every client gets
     w̃_i = w_i^(t−1) + (1/|C_l|) Σ_{j∈C_l} Δw_j                                  (Eq. 14)
 
 and the edge forwards Σ n_i·w̃_i with Σ n_i, so the server's mean over edges is Eq. 15.
+
+Missing replies: an edge clusters only the replies it received. With adaptive κ and one or two
+replies each client is its own cluster (w̃_i = w_i); with more, κ is searched up to replies − 1
+(κ = min(κ_min, replies) if κ_min is above that). A fixed κ is capped at the number of replies.
 """
 
 from __future__ import annotations

@@ -14,6 +14,9 @@ for ACMU's similarity.
 
 Implemented with forward hooks on the body's activation modules, so any model works
 without rebuilding it and the state_dict keys do not change.
+
+Missing replies: a client that does not reply keeps its maps as they were (its state does not
+change), and its next training continues them.
 """
 
 from __future__ import annotations
