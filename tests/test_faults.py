@@ -105,7 +105,7 @@ def clustering_records(rows: list[dict]) -> list[dict | None]:
 
 
 def test_fedgroup_groups_clients_whose_cold_start_failed_once_they_reply(lose):
-    config = algorithm_config("fedgroup", checkpoint_every=0, rounds=2, fraction=1.0)
+    config = algorithm_config("fedgroup", checkpoint_every=0, rounds=2, fraction=1.0, log_clustering_every=1)
     pretrained = clustering_records(run(config.model_copy(update={"rounds": 1}))[0])[0]["pretrained"]
     others = sorted(set(range(6)) - set(pretrained))
     lost = {pretrained[0], others[0]}  # one of P (K = 2 of its 3 still reply) and one newcomer
@@ -122,7 +122,7 @@ def test_fedac_clusters_first_once_enough_clients_have_uploaded(lose):
     # K-means of R^0 needs K models: with one upload there would be one cluster for good (CNT
     # cannot split K = 1), so the first clustering waits for min(K, clients a round) uploads
     lose({1: {0, 1, 2, 3, 4}})
-    config = tiny_config(algorithm="fedac", rounds=3, fraction=1.0, options={"num_clusters": 2, "cnt": False})
+    config = tiny_config(algorithm="fedac", rounds=3, fraction=1.0, options={"num_clusters": 2, "cnt": False}, log_clustering_every=1)
     records = clustering_records(run(config)[0])
     assert records[1] is not None and records[1]["num_clusters"] == 2
     assert records[0] is None and sorted(records[1]["clients"]) == list(range(6))
@@ -146,7 +146,7 @@ def test_fesem_seeds_its_centres_from_trained_models_once_enough_have_uploaded(l
 
 def test_mupfl_edges_reduce_the_replies_that_arrived(lose):
     lose({1: {0, 1, 2, 3, 5}})  # round-robin edges: edge 0 keeps client 4, edge 1 gets nothing
-    config = algorithm_config("mupfl", checkpoint_every=0, rounds=2, fraction=1.0)
+    config = algorithm_config("mupfl", checkpoint_every=0, rounds=2, fraction=1.0, log_clustering_every=1)
     rows, sim = run(config)
     first, second = (log["acmu"] for log in round_logs(rows))
     assert [(r["edge"], r["clients"], r["clusters"], r["kappa"]) for r in first] == [(0, [4], [0], 1)]
