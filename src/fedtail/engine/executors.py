@@ -37,8 +37,9 @@ class Task:
 class Result:
     cid: int
     reply: Message
-    state: dict[str, Any]
+    state: dict[str, Any] | None  # None: the state stays where the client ran (a Flower node)
     seconds: float
+    state_nonfinite: str | None = None  # where a state kept elsewhere holds NaN / inf (checked there)
 
 
 def _seen(parts: list[np.ndarray]) -> torch.Tensor:
@@ -123,6 +124,9 @@ class SerialExecutor:
         for task in tasks:
             yield self.runtime.run(task)
 
+    def commit(self, cid: int) -> None:
+        """The engine accepted client ``cid``'s latest reply (its state is in the Result: nothing to do)."""
+
     def close(self) -> None:
         pass
 
@@ -157,6 +161,9 @@ class ProcessExecutor:
     def map(self, tasks: list[Task]) -> Iterator[Result]:
         # imap keeps task order; chunksize 1 balances clients of unequal size across workers
         return self.pool.imap(_run_task, tasks, chunksize=1)
+
+    def commit(self, cid: int) -> None:
+        """The engine accepted client ``cid``'s latest reply (its state is in the Result: nothing to do)."""
 
     def close(self) -> None:
         self.pool.close()
