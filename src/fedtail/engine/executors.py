@@ -7,6 +7,8 @@ runs with the same number of intra-op threads, so the worker count never changes
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import time
 from types import MappingProxyType
 from dataclasses import dataclass
@@ -122,6 +124,11 @@ class SerialExecutor:
 
     def map(self, tasks: list[Task]) -> Iterator[Result]:
         for task in tasks:
+            if not task.read_only:
+                # A copy, as the process pool's pickling makes one: a client half that changes its
+                # state in place must not change the engine's copy before the reply is accepted
+                # (a rejected or lost reply leaves the client's state as it was).
+                task = dataclasses.replace(task, state=copy.deepcopy(task.state))
             yield self.runtime.run(task)
 
     def commit(self, cid: int) -> None:
