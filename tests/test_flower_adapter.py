@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("flwr", reason="Flower is installed by `make test` (requirements-flower.txt)")
+import flwr  # noqa: E402,F401  (no skip: `make test` installs Flower, and CI must run these)
 
 from fedtail.config import RunConfig  # noqa: E402
 from fedtail.engine import prepare  # noqa: E402

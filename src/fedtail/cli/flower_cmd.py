@@ -110,7 +110,7 @@ def _handle(action: Callable[[], tuple[dict[str, Any], Path]]) -> None:
 LOCAL_OPTIONS = [
     _option("nodes", int, typer.Option(..., "--nodes", help="SuperNodes to start; node k hosts clients c with c mod N = k")),
     _option("tls", bool, typer.Option(False, "--tls", help="generate a CA and certificates into OUT/flower/tls; TLS on")),
-    _option("auth", bool, typer.Option(False, "--auth", help="generate node keys into OUT/flower/keys; node authentication on")),
+    _option("auth", bool, typer.Option(False, "--auth", help="generate node keys into OUT/flower/keys; node authentication on (and TLS, which it needs)")),
     _option("round_timeout", Optional[float], typer.Option(
         None, "--round-timeout", help="seconds to wait for one exchange's answers; a node that has not answered is a missing reply")),
     _option("port", Optional[int], typer.Option(None, "--port", help="the SuperLink's port on 127.0.0.1 (default: a free one)")),
@@ -144,7 +144,7 @@ def local(**kwargs: Any) -> None:
         with deployment:
             typer.echo(
                 f"Flower: SuperLink on {deployment.address}, {kwargs['nodes']} SuperNodes"
-                f"{', TLS' if kwargs['tls'] else ''}{', node authentication' if kwargs['auth'] else ''}; "
+                f"{', TLS' if deployment.tls else ''}{', node authentication' if kwargs['auth'] else ''}; "
                 f"logs in {out / 'flower'}",
                 err=True,
             )
@@ -192,13 +192,14 @@ def run_on(**kwargs: Any) -> None:
 @flower_app.command("tls")
 def tls(
     out: Path = typer.Option(..., "--out", help="folder for ca.crt, ca.key, server.pem, server.key"),
-    host: list[str] = typer.Option(["127.0.0.1", "localhost"], "--host", help="the SuperLink's host names / IPs (repeat)"),
+    host: list[str] = typer.Option([], "--host", help="a name or IP the SuperNodes use for the SuperLink (repeat; 127.0.0.1 and localhost are added)"),
     days: int = typer.Option(365, help="validity in days"),
 ) -> None:
     """A CA and a SuperLink certificate for --host (give every name the SuperNodes use to reach it)."""
     from fedtail.flower.deploy import make_tls
 
-    files = make_tls(out, list(host), days)
+    hosts = list(dict.fromkeys([*host, "127.0.0.1", "localhost"]))  # the SuperLink's own helpers connect locally
+    files = make_tls(out, hosts, days)
     typer.echo(f"CA {files.ca_cert} (give it to the SuperNodes), SuperLink {files.server_cert} + {files.server_key}")
 
 
@@ -212,6 +213,28 @@ def node_key(
 
     private, public = make_node_key(out, name)
     typer.echo(f"private key {private} (stays on the SuperNode), public key {public} (flwr supernode register)")
+
+
+@flower_app.command("register")
+def register(
+    public_key: Path = typer.Argument(..., help="a SuperNode's public key (NAME.pub of fedtail flower node-key)"),
+    superlink: str = typer.Option(..., "--superlink", help="the SuperLink's address HOST:PORT"),
+    root_certificates: Path = typer.Option(..., "--root-certificates", help="CA certificate of the SuperLink"),
+) -> None:
+    """Register a SuperNode's public key with a SuperLink started with --enable-supernode-auth."""
+    import tempfile
+
+    from fedtail.cli.main import fail
+    from fedtail.flower.deploy import Connection, LocalDeployment
+
+    with tempfile.TemporaryDirectory() as home:
+        deployment = LocalDeployment(Path(home), 1)  # only its `register` (flwr supernode register) is used
+        deployment.port = None
+        try:
+            deployment.register(public_key, Connection(superlink, root_certificates))
+        except FedtailError as err:
+            fail(str(err))
+    typer.echo(f"registered {public_key} with {superlink}")
 
 
 @flower_app.command("app")

@@ -326,6 +326,15 @@ def become_subreaper() -> None:
         pass
 
 
+def _is_flower(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            args = fh.read().split(b"\0")
+    except OSError:
+        return False
+    return any(Path(a.decode(errors="replace")).name.startswith(("flower-", "flwr-")) for a in args[:2])
+
+
 def stop_tree(pid: int, grace: float = 10.0, sig: int = signal.SIGTERM) -> None:
     """Stop ``pid`` and its descendants: ``sig``, then SIGKILL after ``grace`` seconds; reap what is ours."""
     pids = process_tree(pid)
@@ -396,7 +405,7 @@ class LocalDeployment:
     Node k hosts the clients c with c mod nodes = k (``partition-id=k num-partitions=nodes``) and
     keeps their state in ``folder/node-k/state``. ``tls``: certificates in ``folder/tls`` and TLS on
     every connection to the SuperLink; ``auth``: node keys in ``folder/keys``, registered with the
-    SuperLink, and node authentication on. Use as a context manager: leaving it stops every
+    SuperLink, and node authentication on (with TLS, which Flower requires for it). Use as a context manager: leaving it stops every
     process it started.
     """
 
@@ -414,6 +423,7 @@ class LocalDeployment:
         self.folder = Path(self.folder).resolve()
         if self.nodes < 1:
             raise FlowerError(f"--nodes must be at least 1 (got {self.nodes})")
+        self.tls = self.tls or self.auth  # Flower authenticates nodes only over TLS
 
     @property
     def address(self) -> str:
@@ -468,10 +478,10 @@ class LocalDeployment:
         self.superlink = self._spawn(command, log, self.folder / "superlink-home")
         _wait_port(self.port, self.superlink, log, "the SuperLink")
 
-    def register(self, public_key: Path) -> None:
-        """``flwr supernode register`` a node's public key with the SuperLink."""
+    def register(self, public_key: Path, connection: Connection | None = None) -> None:
+        """``flwr supernode register`` a node's public key with the SuperLink (this one, or ``connection``)."""
         home = self.folder / "cli-home"
-        self.connection.write_cli_home(home)
+        (connection or self.connection).write_cli_home(home)
         result = subprocess.run(
             [_bin("flwr"), "supernode", "register", str(public_key), "fedtail"],
             env=_env(home), capture_output=True, text=True, timeout=120,
@@ -515,6 +525,11 @@ class LocalDeployment:
         if self.superlink is not None:
             stop_tree(self.superlink.pid)
             self.superlink = None
+        # Flower helpers orphaned by a node that ended on its own (refused, killed) were adopted by
+        # this process (become_subreaper): stop those too.
+        for pid in process_tree(os.getpid())[1:]:
+            if _is_flower(pid):
+                stop_tree(pid)
 
     def pids(self) -> list[int]:
         """Every live process of the deployment (for checks that nothing is left)."""
