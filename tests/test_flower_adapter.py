@@ -71,10 +71,10 @@ def test_every_algorithm_gives_the_simulators_results_bit_for_bit(tmp_path, name
     assert strip_timing(rows_of(tmp_path / "run")) == as_json(strip_timing(rows))
     for key in ("final", "best", "samples_trained", "rounds_to_accuracy"):
         assert flower_summary[key] == json.loads(json.dumps(summary[key])), key
-    # the payload counts are the simulator's; the wire adds Flower's framing, evaluation and hello
+    # the payload counts are the simulator's; the wire bytes are Flower's serialised messages (with
+    # evaluation and hello, and one copy of an array that several clients of a node receive)
     assert {k: flower_summary["bytes"][k] for k in ("down", "up", "edge_up")} == summary["bytes"]
-    assert flower_summary["bytes"]["wire_down"] > summary["bytes"]["down"]
-    assert flower_summary["bytes"]["wire_up"] > summary["bytes"]["up"]
+    assert flower_summary["bytes"]["wire_down"] > 0 and flower_summary["bytes"]["wire_up"] > summary["bytes"]["up"]
     # one message per node and exchange, tasks of its clients only
     assert {node for node, _ in grid.delivered} == set(grid.node_configs)
     stored = {int(p.stem.split("-")[1]) for p in tmp_path.glob("node*/run-1/client-*.pt") if "pending" not in p.name}

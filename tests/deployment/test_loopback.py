@@ -62,7 +62,7 @@ def test_flower_local_with_tls_and_auth_gives_the_simulators_results(tmp_path):
     strip = lambda d: [{k: v for k, v in json.loads(line).items() if k != "elapsed_s"}  # noqa: E731
                        for line in (d / "metrics.jsonl").read_text().splitlines()]
     assert strip(out) == strip(sim_out)
-    assert flower["bytes"]["wire_down"] > flower["bytes"]["down"] > 0
+    assert flower["bytes"]["wire_down"] > 0 and flower["bytes"]["wire_up"] > flower["bytes"]["up"] > 0
     # TLS and node authentication were on
     superlink_log = (out / "flower" / "superlink.log").read_text()
     assert "--ssl-certfile" in superlink_log and "--enable-supernode-auth" in superlink_log

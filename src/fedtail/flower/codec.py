@@ -84,7 +84,8 @@ def get_message(content: Any, cid: int) -> Message:
 def wire_bytes(message: Any) -> int:
     """Bytes a Flower message puts on the wire: its serialised objects (head, records, array chunks).
 
-    Counted as Flower serialises them for the transfer (each distinct object once); HTTP and TLS
+    Counted as Flower serialises them for the transfer: each distinct object once per message, so
+    an array that several clients of one node receive (the global model) counts once. HTTP and TLS
     framing are not included.
     """
     from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
