@@ -7,9 +7,18 @@ STAMP  := $(VENV)/.installed
 FIND_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
 PIP    := $(BIN)/python -m pip install --disable-pip-version-check -q $(FIND_LINKS)
 
-.PHONY: demo test data install bench clean
+FLOWER := $(VENV)/.installed-flower
+
+.PHONY: demo test test-flower data install install-flower bench bench-flower clean
 
 install: $(STAMP)
+
+# Flower (fedtail.flower) on top: `make test` needs it for the adapter tests, so CI installs it too.
+install-flower: $(FLOWER)
+
+$(FLOWER): $(STAMP) requirements-flower.txt
+	$(PIP) -r requirements.txt -r requirements-flower.txt
+	touch $(FLOWER)
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -23,11 +32,18 @@ data: $(STAMP)
 demo: data
 	$(BIN)/fedtail compare --config configs/demo.toml --algorithms fedavg,local --out runs/demo
 
-test: data
-	$(BIN)/python -m pytest -o addopts="" -q
+test: data install-flower
+	$(BIN)/python -m pytest -o addopts="" -q --ignore=tests/deployment
+
+# Loopback Flower deployments (SuperLink + SuperNodes on 127.0.0.1: TLS, node keys, a killed node).
+test-flower: data install-flower
+	$(BIN)/python -m pytest -o addopts="" -q tests/deployment
 
 bench: data
 	$(BIN)/python benchmarks/throughput.py
+
+bench-flower: data install-flower
+	$(BIN)/python benchmarks/flower_rounds.py
 
 clean:
 	rm -rf $(VENV) runs

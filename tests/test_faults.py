@@ -168,6 +168,15 @@ def test_fedpac_combines_only_the_heads_that_arrived(lose):
     assert set(sim.client_state) == {1, 4}  # the failed clients never trained nor got a head
 
 
+def test_a_rejected_reply_leaves_the_client_state_as_it_was_serial_as_with_workers():
+    """Ditto changes its state in place; the serial executor must not let a rejected call's change stick."""
+    config = tiny_config(algorithm="ditto", rounds=3, fraction=1.0, faults={"max_update_norm": 0.2})
+    serial, parallel = run(config), run(config.model_copy(update={"workers": 2}))
+    assert sum(log["rejected"] for log in round_logs(serial[0])) > 0
+    assert strip_timing(serial[0]) == strip_timing(parallel[0])
+    assert same(serial[1].client_state, parallel[1].client_state)
+
+
 # --- dropouts ---------------------------------------------------------------------------------------
 
 

@@ -32,7 +32,12 @@ def checkpoint_diffs(config: RunConfig, out: Path) -> tuple[dict[str, Any], list
 
 
 def run_to_folder(
-    config: RunConfig, out: Path, on_round: OnRound | None = None, resume: bool | None = False
+    config: RunConfig,
+    out: Path,
+    on_round: OnRound | None = None,
+    resume: bool | None = False,
+    executor_factory: Callable[[Any], Any] | None = None,
+    checkpoints: bool = True,
 ) -> dict[str, Any]:
     """Prepare, run and record one experiment into ``out``; returns the summary.
 
@@ -45,6 +50,10 @@ def run_to_folder(
     ``resume``: True continues from ``out/checkpoint.pt``, which must exist and be of the same
     config (else :class:`~fedtail.engine.checkpoint.CheckpointError`); None does so when there is
     one of the same config and starts afresh otherwise; False starts afresh.
+
+    ``executor_factory(simulation)`` replaces the simulator's executor (a Flower deployment's,
+    :mod:`fedtail.flower`); an executor with ``summary(summary)`` adds its own costs to
+    ``summary.json``. ``checkpoints=False`` writes none (client state kept elsewhere cannot be in them).
     """
     from fedtail.engine import checkpoint, prepare
     from fedtail.engine.simulation import Simulation
@@ -72,7 +81,8 @@ def run_to_folder(
         partition,
         on_eval=writer.append_metrics,
         on_round=on_round,
-        on_checkpoint=lambda s: checkpoint.save(out, s),
+        on_checkpoint=(lambda s: checkpoint.save(out, s)) if checkpoints else None,
+        executor_factory=executor_factory,
     )
     try:
         if state is not None:
@@ -89,11 +99,17 @@ def run_to_folder(
             on_round(sim.rounds_done, None)
         summary = sim.run()
     except RunDiverged as err:
-        writer.finish(head | sim.diverged_summary(err))  # the rows stay; no accuracy is presented as a result
+        writer.finish(_transport(sim, head | sim.diverged_summary(err)))  # the rows stay; no accuracy as a result
         raise
     except BaseException as err:
         writer.fail(err)
         raise
-    summary = head | summary
+    summary = _transport(sim, head | summary)
     writer.finish(summary)
     return summary
+
+
+def _transport(sim: Any, summary: dict[str, Any]) -> dict[str, Any]:
+    """``summary`` with what the executor measured itself (a Flower deployment's bytes on the wire)."""
+    extra = getattr(sim.executor, "summary", None)
+    return extra(summary) if extra else summary

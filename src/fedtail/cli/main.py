@@ -1,4 +1,4 @@
-"""The ``fedtail`` command line: run, compare, sweep, report, list, partition.
+"""The ``fedtail`` command line: run, compare, sweep, report, list, partition, flower.
 
 Every bad input ends in one line ``error: ...`` naming the flag or key and what is allowed,
 with exit code 2, before any run folder is created. A run that diverges ends in one line
@@ -463,6 +463,12 @@ def partition_cmd(
     typer.echo(
         f"{len(sizes)} clients, {sum(sizes)} training samples (min {min(sizes)}, max {max(sizes)}) -> {out}, {png}"
     )
+
+
+# `fedtail flower ...` (imported last: it copies the options of `run` above; Flower itself loads lazily)
+from fedtail.cli.flower_cmd import flower_app  # noqa: E402
+
+app.add_typer(flower_app, name="flower")
 
 
 def main() -> None:  # pragma: no cover - console entry point

@@ -7,6 +7,8 @@ runs with the same number of intra-op threads, so the worker count never changes
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import time
 from types import MappingProxyType
 from dataclasses import dataclass
@@ -37,8 +39,9 @@ class Task:
 class Result:
     cid: int
     reply: Message
-    state: dict[str, Any]
+    state: dict[str, Any] | None  # None: the state stays where the client ran (a Flower node)
     seconds: float
+    state_nonfinite: str | None = None  # where a state kept elsewhere holds NaN / inf (checked there)
 
 
 def _seen(parts: list[np.ndarray]) -> torch.Tensor:
@@ -121,7 +124,15 @@ class SerialExecutor:
 
     def map(self, tasks: list[Task]) -> Iterator[Result]:
         for task in tasks:
+            if not task.read_only:
+                # A copy, as the process pool's pickling makes one: a client half that changes its
+                # state in place must not change the engine's copy before the reply is accepted
+                # (a rejected or lost reply leaves the client's state as it was).
+                task = dataclasses.replace(task, state=copy.deepcopy(task.state))
             yield self.runtime.run(task)
+
+    def commit(self, cid: int) -> None:
+        """The engine accepted client ``cid``'s latest reply (its state is in the Result: nothing to do)."""
 
     def close(self) -> None:
         pass
@@ -157,6 +168,9 @@ class ProcessExecutor:
     def map(self, tasks: list[Task]) -> Iterator[Result]:
         # imap keeps task order; chunksize 1 balances clients of unequal size across workers
         return self.pool.imap(_run_task, tasks, chunksize=1)
+
+    def commit(self, cid: int) -> None:
+        """The engine accepted client ``cid``'s latest reply (its state is in the Result: nothing to do)."""
 
     def close(self) -> None:
         self.pool.close()

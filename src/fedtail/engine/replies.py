@@ -29,7 +29,9 @@ runs nothing and replies nothing; its state does not change.
   names it was sent and those it was sent must not exceed X.
 
 A rejected reply is never aggregated and the client's state from that call is dropped. Per
-round, the log records ``sampled``, ``replied``, ``dropped``, ``rejected`` and the reasons.
+round, the log records ``sampled``, ``replied``, ``dropped``, ``rejected`` and the reasons, and
+``missing`` (the clients whose answer never came: a Flower node that died or timed out) when
+there are any.
 
 **Skipped rounds**: an exchange with fewer accepted replies than ``--min-replies`` (at most the
 number of clients messaged; always at least one) ends the round: the engine restores the server
@@ -138,7 +140,8 @@ class ReplyCheck:
                 first.setdefault(s, cid)
             self.schemas[sig] = max(counts, key=lambda s: (counts[s], -first[s]))
 
-    def verdict(self, sent: Message, reply: Message, state: Any = None) -> Verdict:
+    def verdict(self, sent: Message, reply: Message, state: Any = None, state_nonfinite: str | None = None) -> Verdict:
+        """``state_nonfinite``: where the state holds NaN / inf, as found where it is kept (a Flower node)."""
         where = nonfinite_at(reply.metrics)
         if where:
             return Verdict(f"non-finite {where} reported", nonfinite=True)
@@ -146,6 +149,8 @@ class ReplyCheck:
             return Verdict(f"non-finite tensor {where}", nonfinite=True)
         if state is not None and (where := nonfinite_at(state)):
             return Verdict(f"non-finite client state {where}", nonfinite=True)
+        if state_nonfinite:
+            return Verdict(f"non-finite client state {state_nonfinite}", nonfinite=True)
         for name, t in reply.tensors.items():
             ref = sent.tensors.get(name)
             expected = (tuple(ref.shape), str(ref.dtype)) if ref is not None else self.model.get(name.rsplit("/", 1)[-1])
@@ -180,6 +185,7 @@ class Delivered:
     reply: Message
     seconds: float = 0.0  # the client's compute time
     state: Any = None  # the client's state after the call, where the engine holds it (simulator)
+    state_nonfinite: str | None = None  # where that state holds NaN / inf, when it is kept elsewhere (Flower nodes)
 
 
 @dataclass
@@ -187,22 +193,26 @@ class RoundFaults:
     """One round's dropouts and rejections, for its log.
 
     ``replied`` and ``dropped`` count the distinct clients messaged in the round (the sampled ones,
-    plus any other a server half asked).
+    plus any other a server half asked). ``missing``: clients whose answer never came (a transport
+    that can lose them: a Flower node that died or timed out); logged only when there are any.
     """
 
     sampled: int
     messaged: set[int] = field(default_factory=set)
     dropped: set[int] = field(default_factory=set)
+    missing: set[int] = field(default_factory=set)
     rejected: list[str] = field(default_factory=list)
     skipped: str | None = None
 
     def log(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "sampled": self.sampled,
-            "replied": len(self.messaged - self.dropped),
+            "replied": len(self.messaged - self.dropped - self.missing),
             "dropped": len(self.dropped),
             "rejected": len(self.rejected),
         }
+        if self.missing:
+            out["missing"] = sorted(self.missing)
         if self.rejected:
             out["rejections"] = self.rejected
         if self.skipped:
@@ -214,7 +224,8 @@ class Channel:
     """The engine's side of :class:`~fedtail.algorithms.base.Comm` for one round, transport aside.
 
     A transport subclasses it and implements :meth:`_deliver` (send messages, yield answers in
-    client-id order), :meth:`_accept` (commit what an accepted answer leaves behind) and, for the
+    client-id order; a client it yields no answer for is *missing*: its reply is lost, as a
+    dropped client's), :meth:`_accept` (commit what an accepted answer leaves behind) and, for the
     edge tier, :meth:`_edge_reduce`. Dropouts, validation, the minimum number of replies, the
     round's training loss and the byte counts are handled here, once.
     """
@@ -268,10 +279,13 @@ class Channel:
             answers = list(answers)
             self.check.learn([(a.cid, live[a.cid], a.reply) for a in answers])
         accepted = 0
+        answered = set()
         for answer in answers:
+            answered.add(answer.cid)
             if self._take(answer, live[answer.cid]):
                 accepted += 1
                 yield answer.cid, answer.reply
+        self.round.missing |= set(live) - answered
         if accepted < need:
             raise RoundSkipped(f"{accepted} replies accepted, fewer than {need}")
 
@@ -296,7 +310,7 @@ class Channel:
     def _take(self, answer: Delivered, sent: Message) -> bool:
         reply = answer.reply
         self.bytes_up += reply.nbytes
-        verdict = self.check.verdict(sent, reply, answer.state)
+        verdict = self.check.verdict(sent, reply, answer.state, answer.state_nonfinite)
         if verdict.reason is None:
             self.samples += int(reply.metrics.get("num_samples", 0))
             n = reply.metrics.get("num_samples", 0.0)

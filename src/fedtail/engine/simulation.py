@@ -89,10 +89,12 @@ class SimComm(Channel):
                 return
             self.client_wall += time.perf_counter() - start
             sim.meter.client_task_s += result.seconds
-            yield Delivered(result.cid, result.reply, result.seconds, result.state)
+            yield Delivered(result.cid, result.reply, result.seconds, result.state, result.state_nonfinite)
 
     def _accept(self, answer: Delivered) -> None:
-        self.sim.client_state[answer.cid] = answer.state
+        if answer.state is not None:  # None: the state stays where the client ran (a Flower node)
+            self.sim.client_state[answer.cid] = answer.state
+        self.sim.executor.commit(answer.cid)
 
     def _edge_reduce(self, edge_id: int, replies: dict[int, Message]) -> dict[int, Message]:
         return self.sim.edge.reduce(edge_id, replies)
@@ -111,6 +113,8 @@ class Simulation:
     client_state: dict[int, dict[str, Any]] = field(default_factory=dict)
     # called with checkpoint_state() after every checkpoint_every-th round (not after the last)
     on_checkpoint: Callable[[dict[str, Any]], None] | None = None
+    # builds the executor from the simulation (a Flower deployment's); None: serial or a process pool
+    executor_factory: Callable[["Simulation"], Any] | None = None
 
     def __post_init__(self) -> None:
         config = self.config
@@ -136,8 +140,9 @@ class Simulation:
         self.round_logs: list[dict[str, Any]] = []
         self.rounds_done = 0  # rounds completed (those of a restored checkpoint included)
         self.elapsed_before = 0.0  # wall seconds spent before a restored checkpoint
-        runtime = ClientRuntime(config, self.dataset, self.partition) if config.workers == 1 else None
-        self.executor = make_executor(config, self.dataset, self.partition, runtime)
+        local = self.executor_factory is None
+        runtime = ClientRuntime(config, self.dataset, self.partition) if local and config.workers == 1 else None
+        self.executor = make_executor(config, self.dataset, self.partition, runtime) if local else self.executor_factory(self)
         # Stage runs: the clients' seen-stage evaluation data, for the global model's A_global.
         self.stage_views = (
             (runtime.stage_views if runtime else stage_views(config, self.partition, self.dataset))
@@ -265,10 +270,14 @@ class Simulation:
         global_seen = self._global_seen_counts(rnd, model) if weights is not None and self.stage_views else None
         correct = np.zeros((self.num_clients, C), dtype=np.int64)
         total = np.zeros_like(correct)
+        answered = set()
         for result in results:  # evaluation never writes client state
             correct[result.cid] = result.reply.tensors["correct"].numpy()
             total[result.cid] = result.reply.tensors["total"].numpy()
+            answered.add(result.cid)
         row |= personalized_metrics(correct, total, self.groups)
+        if len(answered) < len(cids):  # a transport lost them (a Flower node down): left out of the means
+            row["eval_missing"] = sorted(set(cids) - answered)
         row |= global_row
         if self.stage_views is not None:
             row |= self._stage_metrics(rnd, correct, total, global_seen)

@@ -1,0 +1,261 @@
+"""A SuperNode's side: which clients it hosts, their data, their state on disk, running tasks.
+
+**Node config** (``flower-supernode --node-config '...'``):
+
+- ``clients="0,3,5-9"``: the client ids this node hosts (ranges inclusive); or
+  ``partition-id=k num-partitions=N``: the clients c with c mod N = k (Flower's usual keys);
+- ``state-dir="/var/lib/fedtail"``: where the clients' state is kept (default
+  ``~/.cache/fedtail/flower-state``);
+- ``data-dir="/data/fmnist"``: where the node finds the dataset files (default: the run's
+  ``data_dir``, else the usual places).
+
+The node cuts the partition from the run's config exactly as the simulator does (the same seed
+gives the same clients on every machine) and keeps only the views of its clients.
+
+**Client state** (``ctx.state``) stays on the node: the server never holds or ships it. Flower
+starts a new ClientApp process for every message, and ``Context.state`` lives in the
+SuperNode's memory, so it would neither hold tensors cheaply nor survive a restart of the
+SuperNode; the state is therefore a file per client under
+``{state-dir}/run-{run_id}/client-{cid}.pt`` (``torch.save`` of the checkpoint module's plain
+containers, read back with ``weights_only=True``, written atomically).
+
+The engine keeps a client's new state only when it accepts the reply (the simulator drops the
+state of a rejected reply, of a reply that never came, and of a skipped client). A node cannot
+know that when it answers, so a training task's new state is written *pending*
+(``client-{cid}.pending.pt``, tagged with its round and call); the server confirms the tags of
+accepted replies in its next message to the node, which makes them the client's state. A
+pending state that was not confirmed by the time the client's next task arrives is deleted:
+the client goes on from its last accepted state, as in the simulator.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fedtail.config import RunConfig
+from fedtail.engine import checkpoint
+from fedtail.engine.executors import ClientRuntime, Task
+from fedtail.engine.replies import nonfinite_at
+from fedtail.flower import FlowerError
+from fedtail.flower.codec import get_message, put_message
+
+DEFAULT_STATE_DIR = Path.home() / ".cache" / "fedtail" / "flower-state"
+
+
+def parse_clients(text: str) -> list[int]:
+    """``"0,3,5-9"`` -> [0, 3, 5, 6, 7, 8, 9]."""
+    out: set[int] = set()
+    for part in str(text).replace(" ", "").split(","):
+        if not part:
+            continue
+        try:
+            if "-" in part:
+                low, high = (int(p) for p in part.split("-"))
+                if low > high:
+                    raise ValueError
+                out.update(range(low, high + 1))
+            else:
+                out.add(int(part))
+        except ValueError:
+            raise FlowerError(f"node config clients={text!r}: expected ids and ranges such as \"0,3,5-9\"") from None
+    return sorted(out)
+
+
+@dataclass(frozen=True)
+class NodeSettings:
+    """What a node's ``--node-config`` says (see the module docstring)."""
+
+    clients: tuple[int, ...] | None  # None: partition-id / num-partitions decide, given the run's client count
+    partition_id: int | None
+    num_partitions: int | None
+    state_dir: Path
+    data_dir: str | None
+
+    @classmethod
+    def from_node_config(cls, node_config: Any) -> "NodeSettings":
+        cfg = dict(node_config)
+        clients = tuple(parse_clients(cfg["clients"])) if "clients" in cfg else None
+        pid, parts = cfg.get("partition-id"), cfg.get("num-partitions")
+        if clients is None and (pid is None or parts is None):
+            raise FlowerError(
+                "this SuperNode hosts no client: start it with --node-config 'clients=\"0,1\"' "
+                "or 'partition-id=K num-partitions=N'"
+            )
+        if clients is None and not (isinstance(pid, int) and isinstance(parts, int) and 0 <= pid < parts):
+            raise FlowerError(f"node config: need 0 <= partition-id < num-partitions (got {pid}, {parts})")
+        state_dir = Path(str(cfg.get("state-dir", DEFAULT_STATE_DIR))).expanduser()
+        data_dir = cfg.get("data-dir")
+        return cls(clients, pid, parts, state_dir, None if data_dir is None else str(data_dir))
+
+    def hosted(self, num_clients: int) -> list[int]:
+        """The run's clients this node hosts."""
+        if self.clients is not None:
+            bad = [c for c in self.clients if c >= num_clients]
+            if bad:
+                raise FlowerError(f"node config clients: {bad} do not exist (the run has {num_clients} clients)")
+            return list(self.clients)
+        return [c for c in range(num_clients) if c % self.num_partitions == self.partition_id]
+
+
+class StateStore:
+    """The clients' states of one run on this node's disk (module docstring: committed and pending)."""
+
+    def __init__(self, root: Path, run_id: int) -> None:
+        self.dir = Path(root) / f"run-{run_id}"
+
+    def _path(self, cid: int, pending: bool = False) -> Path:
+        return self.dir / (f"client-{cid}.pending.pt" if pending else f"client-{cid}.pt")
+
+    def _read(self, path: Path) -> dict[str, Any] | None:
+        try:
+            return torch.load(path, map_location="cpu", weights_only=True)
+        except FileNotFoundError:
+            return None
+
+    def _write(self, path: Path, tag: tuple[int, int], state: dict[str, Any]) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        with open(tmp, "wb") as fh:
+            torch.save({"tag": list(tag), "state": checkpoint.encode(state, "client state")}, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)  # a node killed while writing leaves the previous file
+
+    def load(self, cid: int) -> dict[str, Any]:
+        """The client's accepted state ({} before its first accepted reply)."""
+        saved = self._read(self._path(cid))
+        return {} if saved is None else checkpoint.decode(saved["state"])
+
+    def put_pending(self, cid: int, tag: tuple[int, int], state: dict[str, Any]) -> None:
+        self._write(self._path(cid, pending=True), tag, state)
+
+    def confirm(self, cid: int, tag: tuple[int, int]) -> bool:
+        """Make the pending state of ``tag`` the client's state; True when it is (now or already)."""
+        pending = self._path(cid, pending=True)
+        saved = self._read(pending)
+        if saved is not None and tuple(saved["tag"]) == tuple(tag):
+            os.replace(pending, self._path(cid))
+            return True
+        current = self._read(self._path(cid))
+        return current is not None and tuple(current["tag"]) == tuple(tag)
+
+    def drop_pending(self, cid: int) -> None:
+        """Forget a pending state the server did not confirm (its reply was rejected or lost)."""
+        self._path(cid, pending=True).unlink(missing_ok=True)
+
+
+class NodeRuntime:
+    """The engine's client runtime for one run on this node: the dataset, the partition, the views."""
+
+    def __init__(self, config: RunConfig, settings: NodeSettings) -> None:
+        from fedtail.engine import prepare
+
+        if settings.data_dir is not None:
+            config = config.model_copy(update={"data_dir": settings.data_dir})
+        self.config = config
+        dataset, partition = prepare(config)
+        self.num_clients = len(partition.clients)
+        self.hosted = settings.hosted(self.num_clients)
+        self.runtime = ClientRuntime(config, dataset, partition)
+        self.fingerprints = {cid: fingerprint(partition, cid) for cid in self.hosted}
+
+
+def fingerprint(partition: Any, cid: int) -> str:
+    """A short hash of client ``cid``'s sample indices: the server checks that nodes cut its partition."""
+    import hashlib
+
+    client = partition.clients[cid]
+    digest = hashlib.sha256()
+    for part in (client.train, client.test, client.val):
+        digest.update(torch.as_tensor(part, dtype=torch.int64).numpy().tobytes())
+        digest.update(b"|")
+    return digest.hexdigest()[:16]
+
+
+_RUNTIMES: dict[tuple[str, NodeSettings], NodeRuntime] = {}
+
+
+def node_runtime(config_json: str, settings: NodeSettings) -> NodeRuntime:
+    """The runtime of a run's config on this node (kept for the process: several in-process nodes share it)."""
+    key = (config_json, settings)
+    if key not in _RUNTIMES:
+        _RUNTIMES.clear()  # one run at a time per process
+        _RUNTIMES[key] = NodeRuntime(RunConfig.model_validate_json(config_json), settings)
+    return _RUNTIMES[key]
+
+
+# --- the two messages a node answers ------------------------------------------------------------------
+
+
+def hello(run_config: Any, node_config: Any) -> dict[str, Any]:
+    """The ``query.hello`` answer: the clients this node hosts and their data fingerprints."""
+    settings = NodeSettings.from_node_config(node_config)
+    node = node_runtime(str(run_config["config"]), settings)
+    return {
+        "clients": list(node.hosted),
+        "fingerprints": [node.fingerprints[c] for c in node.hosted],
+    }
+
+
+def run_tasks(content: Any, run_id: int, run_config: Any, node_config: Any) -> Any:
+    """Answer a ``train.tasks`` / ``evaluate.tasks`` message: confirm states, run each client's task.
+
+    ``content`` holds ``"tasks"`` (cid, round, call, read-only per task), ``"confirm"`` (tags of
+    accepted replies) and each task's message records; the reply holds ``"answers"`` (per task: the
+    compute seconds and where its state holds NaN / inf, if anywhere), ``"confirmed"`` and each
+    reply's records.
+    """
+    from flwr.app import ConfigRecord, RecordDict
+
+    began = time.perf_counter()
+    age = process_age()  # Flower starts a process per message: its start-up is part of each exchange
+    settings = NodeSettings.from_node_config(node_config)
+    node = node_runtime(str(run_config["config"]), settings)
+    store = StateStore(settings.state_dir, run_id)
+    confirm = content.config_records["confirm"]
+    confirmed = []
+    for cid, rnd, call in zip(confirm["cids"], confirm["rnds"], confirm["calls"]):
+        if store.confirm(int(cid), (int(rnd), int(call))):
+            confirmed.append(int(cid))
+    tasks = content.config_records["tasks"]
+    reply = RecordDict()
+    seconds, nonfinite = [], []
+    for cid, rnd, call, read_only in zip(tasks["cids"], tasks["rnds"], tasks["calls"], tasks["read_only"]):
+        cid, rnd, call = int(cid), int(rnd), int(call)
+        if cid not in node.hosted:
+            raise FlowerError(f"this node does not host client {cid} (it hosts {node.hosted})")
+        if not read_only:
+            store.drop_pending(cid)  # an unconfirmed state of an earlier call: its reply was not accepted
+        result = node.runtime.run(Task(cid, rnd, call, get_message(content, cid), store.load(cid), read_only=bool(read_only)))
+        where = None
+        if not read_only:
+            where = nonfinite_at(result.state)
+            store.put_pending(cid, (rnd, call), result.state)
+        seconds.append(result.seconds)  # the client's compute, as the simulator counts it
+        nonfinite.append(where or "")
+        put_message(reply, cid, result.reply)
+    reply["answers"] = ConfigRecord(
+        {"cids": [int(c) for c in tasks["cids"]], "seconds": seconds, "state_nonfinite": nonfinite}
+    )
+    # where a node's time went: the process before this handler, then this handler (data, state, tasks)
+    reply["node"] = ConfigRecord({"process_age_s": age, "handler_s": time.perf_counter() - began})
+    reply["confirmed"] = ConfigRecord({"cids": confirmed})
+    return reply
+
+
+def process_age() -> float:
+    """Seconds since this process started (Linux /proc; 0.0 elsewhere)."""
+    try:
+        with open("/proc/self/stat") as fh:
+            start_ticks = int(fh.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as fh:
+            uptime = float(fh.read().split()[0])
+        return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return 0.0

@@ -1,0 +1,301 @@
+"""The ServerApp's side: the simulator's round loop with client tasks sent over Flower's grid.
+
+:func:`serve` (the ServerApp's ``main``) runs :func:`fedtail.runner.run_to_folder` with
+:class:`GridExecutor` as the executor, so sampling, the server half, the reply checks of
+:class:`~fedtail.engine.replies.Channel` (dropouts, validation, ``--min-replies``, divergence),
+evaluation and the run folder are the simulator's own code.
+
+:class:`GridExecutor` knows which SuperNode hosts which client (each node answers a
+``query.hello`` with its clients and a fingerprint of their data, checked against the server's
+partition). An exchange sends one Flower message per node holding the tasks of its clients
+(their messages, round, call), waits for the answers (at most ``round_timeout`` seconds, and not
+for a node that went offline), and yields the results in client-id order. A client whose node
+is offline, times out or answers with an error is *missing*: no result, which the channel counts
+as a lost reply; a round with fewer than ``--min-replies`` accepted replies is skipped as in the
+simulator. Nodes that connect later (a restarted SuperNode) are greeted before the next
+exchange and serve their clients from then on, with the state they kept on disk.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from fedtail.engine.executors import Result, Task
+from fedtail.flower import FlowerError
+from fedtail.flower.codec import get_message, put_message, wire_bytes
+from fedtail.flower.node import fingerprint
+
+log = logging.getLogger("fedtail.flower")
+
+TRAIN, EVALUATE, HELLO = "train.tasks", "evaluate.tasks", "query.hello"
+
+
+@dataclass(frozen=True)
+class GridSettings:
+    """How the server waits for nodes (the ``flwr run`` run config of the app)."""
+
+    round_timeout: float | None = None  # longest wait for one exchange's answers (None: no limit)
+    node_wait: float = 120.0  # how long the start waits for every client to be hosted
+    poll: float = 0.2  # seconds between pulls of answers
+    liveness_every: float = 2.0  # seconds between checks that the nodes waited for are still online
+
+
+class GridExecutor:
+    """The executor of a Flower deployment (see the module docstring); ``map`` as the simulator's."""
+
+    def __init__(self, sim: Any, grid: Any, settings: GridSettings = GridSettings()) -> None:
+        self.grid = grid
+        self.settings = settings
+        self.num_clients = sim.num_clients
+        self.expected = {cid: fingerprint(sim.partition, cid) for cid in range(self.num_clients)}
+        self.hosts: dict[int, list[int]] = {}  # node id -> the clients it hosts
+        self.node_of: dict[int, int] = {}  # client id -> node id
+        self.greeted: set[int] = set()  # nodes that answered hello (or failed to)
+        self.sent_tag: dict[int, tuple[int, int]] = {}  # client -> (round, call) of its latest training task
+        self.to_confirm: dict[int, tuple[int, int]] = {}  # accepted replies the client's node has not confirmed
+        self.wire_down = 0
+        self.wire_up = 0
+        self.messages = 0
+        self.timeouts = 0
+        # where the time of the exchanges went (summary.json "flower"; benchmarks/flower_rounds.py)
+        self.times = {"exchange_s": 0.0, "node_process_start_s": 0.0, "node_handler_s": 0.0, "client_tasks_s": 0.0}
+        self.exchanges = 0
+        self._wait_for_nodes()
+
+    # -- nodes -------------------------------------------------------------------------------------
+    def _online(self) -> set[int]:
+        return {int(n) for n in self.grid.get_node_ids()}
+
+    def refresh(self) -> None:
+        """Forget nodes that went offline; greet new ones."""
+        online = self._online()
+        for node in list(self.hosts):
+            if node not in online:
+                self._forget(node)
+        new = sorted(online - self.greeted)
+        if new:
+            self._hello(new)
+
+    def _forget(self, node: int) -> None:
+        for cid in self.hosts.pop(node, []):
+            if self.node_of.get(cid) == node:
+                del self.node_of[cid]
+
+    def _hello(self, nodes: list[int]) -> None:
+        from flwr.app import Message, RecordDict
+
+        messages = [Message(RecordDict(), node, HELLO, group_id="hello") for node in nodes]
+        timeout = max(self.settings.round_timeout or 0.0, 60.0)  # a node cuts the partition first
+        for node, reply in self._exchange(messages, nodes, timeout).items():
+            self.greeted.add(node)
+            if reply is None:
+                log.warning("node %s did not answer hello", node)
+                continue
+            record = reply.content.config_records["hello"]
+            clients = [int(c) for c in record["clients"]]
+            for cid, got in zip(clients, record["fingerprints"]):
+                if cid >= self.num_clients or got != self.expected[cid]:
+                    raise FlowerError(
+                        f"SuperNode {node} hosts client {cid} with other data than the server's partition "
+                        "(another dataset, data folder or fedtail version?)"
+                    )
+            for cid in clients:  # the latest node to announce a client serves it (a restarted node)
+                old = self.node_of.get(cid)
+                if old is not None and old != node and cid in self.hosts.get(old, []):
+                    self.hosts[old].remove(cid)
+                self.node_of[cid] = node
+            self.hosts[node] = clients
+            log.info("node %s hosts clients %s", node, clients)
+
+    def _wait_for_nodes(self) -> None:
+        deadline = time.monotonic() + self.settings.node_wait
+        while True:
+            self.refresh()
+            unhosted = [c for c in range(self.num_clients) if c not in self.node_of]
+            if not unhosted:
+                return
+            if time.monotonic() > deadline:
+                raise FlowerError(
+                    f"after {self.settings.node_wait:g} s, clients {_ranges(unhosted)} are hosted by no SuperNode "
+                    f"({len(self.hosts)} connected); start SuperNodes with --node-config 'clients=\"...\"' "
+                    "(or partition-id / num-partitions) covering every client"
+                )
+            time.sleep(1.0)
+
+    # -- the executor ---------------------------------------------------------------------------------
+    def map(self, tasks: list[Task]) -> Iterator[Result]:
+        """Send the tasks now (one message per node); the results come, in client-id order, when iterated."""
+        from flwr.app import ConfigRecord, Message, RecordDict
+
+        self.refresh()
+        by_node: dict[int, list[Task]] = {}
+        for task in tasks:
+            node = self.node_of.get(task.cid)
+            if node is not None:  # a client no online node hosts is missing
+                by_node.setdefault(node, []).append(task)
+        messages, nodes = [], []
+        for node, group in by_node.items():
+            content = RecordDict()
+            for task in group:
+                put_message(content, task.cid, task.message)
+                if not task.read_only:
+                    self.sent_tag[task.cid] = (task.rnd, task.call)
+            confirm = sorted((cid, tag) for cid, tag in self.to_confirm.items() if self.node_of.get(cid) == node)
+            content["confirm"] = ConfigRecord(
+                {"cids": [c for c, _ in confirm], "rnds": [t[0] for _, t in confirm], "calls": [t[1] for _, t in confirm]}
+            )
+            content["tasks"] = ConfigRecord(
+                {
+                    "cids": [t.cid for t in group],
+                    "rnds": [t.rnd for t in group],
+                    "calls": [t.call for t in group],
+                    "read_only": [bool(t.read_only) for t in group],
+                }
+            )
+            kind = EVALUATE if all(t.read_only for t in group) else TRAIN
+            messages.append(Message(content, node, kind, group_id=str(group[0].rnd)))
+            nodes.append(node)
+        pending = self._push(messages, nodes)
+        return self._results(pending, {t.cid: t for t in tasks})
+
+    def _results(self, pending: dict[str, int], tasks: dict[int, Task]) -> Iterator[Result]:
+        start = time.perf_counter()
+        replies = self._pull(pending, self.settings.round_timeout)
+        self.exchanges += 1
+        waited = time.perf_counter() - start
+        self.times["exchange_s"] += waited
+        lost = sorted(node for node, reply in replies.items() if reply is None)
+        log.info("exchange %d: %d nodes answered in %.2f s%s", self.exchanges, len(replies) - len(lost), waited,
+                 f", no answer from {lost}" if lost else "")
+        results = []
+        for node, reply in replies.items():
+            if reply is None:
+                continue
+            answers = reply.content.config_records["answers"]
+            spent = reply.content.config_records["node"]
+            self.times["node_process_start_s"] += float(spent["process_age_s"])
+            self.times["node_handler_s"] += float(spent["handler_s"])
+            self.times["client_tasks_s"] += float(sum(answers["seconds"]))
+            for cid, seconds, where in zip(answers["cids"], answers["seconds"], answers["state_nonfinite"]):
+                cid = int(cid)
+                results.append(Result(cid, get_message(reply.content, cid), None, float(seconds), where or None))
+            for cid in reply.content.config_records["confirmed"]["cids"]:
+                self.to_confirm.pop(int(cid), None)
+        results.sort(key=lambda r: r.cid)
+        yield from (r for r in results if r.cid in tasks)
+
+    def commit(self, cid: int) -> None:
+        """The engine accepted ``cid``'s reply: its node keeps the pending state (told with the next message)."""
+        self.to_confirm[cid] = self.sent_tag[cid]
+
+    def close(self) -> None:
+        pass
+
+    def summary(self, summary: dict[str, Any]) -> dict[str, Any]:
+        """``summary.json`` plus the bytes Flower actually sent (every message: training, evaluation, hello)."""
+        out = dict(summary)
+        out["bytes"] = dict(summary.get("bytes", {})) | {"wire_down": self.wire_down, "wire_up": self.wire_up}
+        out["flower"] = {
+            "messages": self.messages,
+            "exchanges": self.exchanges,
+            "exchanges_timed_out": self.timeouts,
+            # summed over exchanges (exchange_s: the server's wait) and over nodes (the others)
+            "time_s": dict(self.times),
+            "nodes": {str(node): clients for node, clients in sorted(self.hosts.items())},
+        }
+        return out
+
+    # -- messages ---------------------------------------------------------------------------------------
+    def _exchange(self, messages: list[Any], nodes: list[int], timeout: float | None) -> dict[int, Any]:
+        return self._pull(self._push(messages, nodes), timeout)
+
+    def _push(self, messages: list[Any], nodes: list[int]) -> dict[str, int]:
+        """Push the messages; message id -> destination node."""
+        if not messages:
+            return {}
+        self.wire_down += sum(wire_bytes(m) for m in messages)
+        self.messages += len(messages)
+        ids = list(self.grid.push_messages(messages))
+        return {mid: node for mid, node in zip(ids, nodes) if mid}
+
+    def _pull(self, pending: dict[str, int], timeout: float | None) -> dict[int, Any]:
+        """The answers by node (None: missing) once all came, their nodes went offline, or ``timeout`` passed."""
+        settings = self.settings
+        start = time.monotonic()
+        answers: dict[int, Any] = {node: None for node in pending.values()}
+        waiting = dict(pending)
+        checked = start
+        while waiting:
+            for reply in self.grid.pull_messages(list(waiting)):
+                node = waiting.pop(reply.metadata.reply_to_message_id, None)
+                if node is None:
+                    continue
+                self.wire_up += wire_bytes(reply)
+                if reply.has_error():
+                    log.warning("node %s answered with an error: %s", node, reply.error.reason)
+                else:
+                    answers[node] = reply
+            if not waiting:
+                break
+            now = time.monotonic()
+            if timeout is not None and now - start > timeout:
+                self.timeouts += 1
+                log.warning("no answer from nodes %s within %g s", sorted(set(waiting.values())), timeout)
+                break
+            if now - checked > settings.liveness_every:
+                checked = now
+                online = self._online()
+                gone = {mid for mid, node in waiting.items() if node not in online}
+                for mid in gone:
+                    log.warning("node %s went offline", waiting.pop(mid))
+            time.sleep(settings.poll)
+        return answers
+
+
+def _ranges(ids: list[int]) -> str:
+    """[0, 1, 2, 5] -> "0-2,5"."""
+    out, start = [], None
+    for i, c in enumerate(ids):
+        if start is None:
+            start = c
+        if i + 1 == len(ids) or ids[i + 1] != c + 1:
+            out.append(str(start) if start == c else f"{start}-{c}")
+            start = None
+    return ",".join(out)
+
+
+def settings_from_run_config(run_config: Any) -> GridSettings:
+    timeout = float(run_config.get("round-timeout", 0.0))
+    return GridSettings(
+        round_timeout=timeout if timeout > 0 else None,
+        node_wait=float(run_config.get("node-wait", 120.0)),
+    )
+
+
+def serve(grid: Any, run_config: Any) -> dict[str, Any]:
+    """The ServerApp's work: run ``run_config["config"]`` into the folder ``run_config["out"]``."""
+    from fedtail.config import RunConfig
+    from fedtail.runner import run_to_folder
+
+    out = Path(str(run_config["out"]))
+    if not log.handlers:  # the ServerApp's output is the run's log (flwr run --stream, flwr log)
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s fedtail: %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+    try:
+        config = RunConfig.model_validate_json(str(run_config["config"]))
+        settings = settings_from_run_config(run_config)
+        return run_to_folder(
+            config, out, executor_factory=lambda sim: GridExecutor(sim, grid, settings), checkpoints=False
+        )
+    except BaseException as err:
+        # run_to_folder marks failures once the rounds run; this covers the start (no nodes, bad data)
+        if not (out / "FAILED").exists() and not (out / "summary.json").exists():
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "FAILED").write_text(f"{type(err).__name__}: {err}\n")
+        raise

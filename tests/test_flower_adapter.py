@@ -1,0 +1,276 @@
+"""The Flower adapter without a network: the ServerApp's code on an in-process grid of real ClientApps.
+
+Every message goes through Flower's serialisation and the real ``client_app``, each node with its
+own node config and state folder, so these tests show what a deployment computes; the loopback
+deployments (real SuperLink and SuperNodes, TLS, node keys, a killed node) are in
+``tests/deployment`` (``make test-flower``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+import flwr  # noqa: E402,F401  (no skip: `make test` installs Flower, and CI must run these)
+
+from fedtail.config import RunConfig  # noqa: E402
+from fedtail.engine import prepare  # noqa: E402
+from fedtail.engine.executors import ClientRuntime, SerialExecutor  # noqa: E402
+from fedtail.engine.simulation import Simulation  # noqa: E402
+from fedtail.flower import FlowerError  # noqa: E402
+from fedtail.flower.inprocess import InProcessGrid  # noqa: E402
+from fedtail.flower.node import NodeSettings, StateStore, parse_clients  # noqa: E402
+from fedtail.flower.server import GridExecutor, GridSettings, serve  # noqa: E402
+from fedtail.report.runfiles import metrics_line  # noqa: E402
+from fedtail.runner import run_to_folder  # noqa: E402
+from helpers import algorithm_config, invoke, run_with_summary, strip_timing  # noqa: E402
+
+# the issue's algorithms: FedAvg, Ditto, FedRep, MuPFL with its edge tier, FedAC, FedReMa, GLDP (stage tasks)
+ALGORITHMS = ["fedavg", "ditto", "fedrep", "mupfl", "fedac", "fedrema", "gldp"]
+
+
+def rows_of(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def as_json(rows: list[dict]) -> list[dict]:
+    """Rows as metrics.jsonl holds them (NaN as null): what a run folder compares against."""
+    return [json.loads(metrics_line(row)) for row in rows]
+
+
+def nodes(tmp_path: Path, *configs: dict) -> dict[int, dict]:
+    """Node id -> node config, each node with its own state folder."""
+    return {100 + k: {"state-dir": str(tmp_path / f"node{k}")} | c for k, c in enumerate(configs)}
+
+
+def run_config(config: RunConfig, out: Path, round_timeout: float = 0.0) -> dict:
+    return {"config": config.model_dump_json(), "out": str(out), "round-timeout": round_timeout, "node-wait": 2.0}
+
+
+# --- the same results as the simulator ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_every_algorithm_gives_the_simulators_results_bit_for_bit(tmp_path, name):
+    """Same metrics rows (every evaluation, round logs, byte counts), only the timings differ.
+
+    Nodes are configured both ways (client lists and partition-id / num-partitions) and host
+    unequal numbers of clients; the client state lives in the nodes' folders, never on the server.
+    """
+    config = algorithm_config(name, checkpoint_every=0)
+    summary, rows, sim = run_with_summary(config)
+    assert config.partition.num_clients == 6
+    grid = InProcessGrid(
+        nodes(tmp_path, {"clients": "0,2"}, {"partition-id": 1, "num-partitions": 2}, {"clients": "4"}),
+        rc := run_config(config, tmp_path / "run"),
+    )
+    flower_summary = serve(grid, rc)
+    assert strip_timing(rows_of(tmp_path / "run")) == as_json(strip_timing(rows))
+    for key in ("final", "best", "samples_trained", "rounds_to_accuracy"):
+        assert flower_summary[key] == json.loads(json.dumps(summary[key])), key
+    # the payload counts are the simulator's; the wire bytes are Flower's serialised messages (with
+    # evaluation and hello, and one copy of an array that several clients of a node receive)
+    assert {k: flower_summary["bytes"][k] for k in ("down", "up", "edge_up")} == summary["bytes"]
+    assert flower_summary["bytes"]["wire_down"] > 0 and flower_summary["bytes"]["wire_up"] > summary["bytes"]["up"]
+    # one message per node and exchange, tasks of its clients only
+    assert {node for node, _ in grid.delivered} == set(grid.node_configs)
+    stored = {int(p.stem.split("-")[1]) for p in tmp_path.glob("node*/run-1/client-*.pt") if "pending" not in p.name}
+    assert stored == set(sim.client_state)  # every client state the simulator keeps is on a node, none on the server
+
+
+def test_one_node_per_client_gives_the_same_results(tmp_path):
+    config = algorithm_config("ditto", checkpoint_every=0, rounds=2)
+    _, rows, _ = run_with_summary(config)
+    n = config.partition.num_clients
+    grid = InProcessGrid(nodes(tmp_path, *({"clients": str(c)} for c in range(n))), rc := run_config(config, tmp_path / "r"))
+    serve(grid, rc)
+    assert strip_timing(rows_of(tmp_path / "r")) == as_json(strip_timing(rows))
+
+
+def test_rejected_replies_leave_the_node_state_as_the_simulator_leaves_it(tmp_path):
+    """A rejected reply's state is dropped in the simulator; the node drops its pending state likewise."""
+    config = algorithm_config("ditto", checkpoint_every=0, fraction=1.0, faults={"max_update_norm": 0.2})
+    _, rows, _ = run_with_summary(config)
+    rejected = sum(log["rejected"] for row in rows for log in row["rounds_log"])
+    accepted = sum(log["replied"] - log["rejected"] for row in rows for log in row["rounds_log"])
+    assert rejected > 0 and accepted > 0  # both paths are taken
+    grid = InProcessGrid(nodes(tmp_path, {"clients": "0-2"}, {"clients": "3-5"}), rc := run_config(config, tmp_path / "r"))
+    serve(grid, rc)
+    assert strip_timing(rows_of(tmp_path / "r")) == as_json(strip_timing(rows))
+
+
+# --- faults ---------------------------------------------------------------------------------------------------
+
+
+class LateNodes(InProcessGrid):
+    """Nodes in ``late`` run their tasks (their pending state is written) but their answers never arrive."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.late: set[int] = set()
+
+    def push_messages(self, messages):
+        messages = list(messages)
+        ids = super().push_messages(messages)
+        for mid, message in zip(ids, messages):
+            if message.metadata.dst_node_id in self.late:
+                self.replies.pop(mid, None)
+        return ids
+
+
+class LosingExecutor(SerialExecutor):
+    """The simulator's executor, losing the results of ``lost`` clients in round ``rnd`` (the reference)."""
+
+    def __init__(self, sim: Simulation, rnd: int, lost: set[int]) -> None:
+        super().__init__(ClientRuntime(sim.config, sim.dataset, sim.partition))
+        self.rnd, self.lost = rnd, lost
+
+    def map(self, tasks):
+        for result in super().map(tasks):
+            if not (tasks[0].rnd == self.rnd and result.cid in self.lost):
+                yield result
+
+
+@pytest.mark.parametrize("min_replies", [1, 6])
+def test_a_node_lost_in_a_round_is_missing_and_rejoins_with_its_state(tmp_path, min_replies):
+    """Node B answers nothing in round 2 (it ran its tasks, the answers are lost: timeout), then is replaced
+    by a new SuperNode (another node id) with B's config and state folder.
+
+    The run equals the simulator's with B's clients' results lost in round 2, bit for bit: the
+    round goes on with the other replies (min_replies 1) or is skipped (6 of 6 needed); B's
+    clients keep their round-1 state (the unconfirmed pending state of round 2 is discarded)
+    and train from it in round 3.
+    """
+    config = algorithm_config("ditto", checkpoint_every=0, rounds=3, fraction=1.0, faults={"min_replies": min_replies})
+    b_clients = {1, 3, 5}
+    reference_rows: list[dict] = []
+    dataset, partition = prepare(config)
+    reference = Simulation(config, dataset, partition, on_eval=reference_rows.append,
+                           executor_factory=lambda sim: LosingExecutor(sim, 2, b_clients))  # fmt: skip
+    reference.run()
+
+    node_configs = nodes(tmp_path, {"partition-id": 0, "num-partitions": 2}, {"partition-id": 1, "num-partitions": 2})
+    grid = LateNodes(node_configs, rc := run_config(config, tmp_path / "r", round_timeout=0.5))
+
+    def on_round(rnd, row):
+        if rnd == 1:
+            grid.late = {101}
+        if rnd == 2:  # B's machine is back: a new SuperNode with B's node config
+            grid.offline.add(101)
+            grid.node_configs[201] = node_configs[101]
+            grid.late = set()
+
+    settings = GridSettings(round_timeout=0.5, node_wait=2.0)
+    run_to_folder(config, tmp_path / "r", on_round=on_round,
+                  executor_factory=lambda sim: GridExecutor(sim, grid, settings), checkpoints=False)  # fmt: skip
+    rows = rows_of(tmp_path / "r")
+    assert strip_timing(rows) == as_json(strip_timing(reference_rows))
+    round2 = rows[1]["rounds_log"][0]
+    assert round2["missing"] == sorted(b_clients)
+    assert ("skipped" in round2) == (min_replies == 6)
+    assert rows[1]["eval_missing"] == sorted(b_clients)
+    assert rows[2]["rounds_log"][0]["replied"] == 6  # B's clients are back in round 3
+    assert (201, "train.tasks") in grid.delivered
+    store = StateStore(tmp_path / "node1", 1)
+    assert store.load(1)  # the state B's client kept on disk
+    assert not (store.dir / "client-1.pending.pt").exists() or min_replies == 6
+
+
+def test_a_node_that_goes_offline_is_not_waited_for(tmp_path):
+    config = algorithm_config("fedavg", checkpoint_every=0, rounds=2, fraction=1.0)
+    node_configs = nodes(tmp_path, {"clients": "0-2"}, {"clients": "3-5"})
+    grid = InProcessGrid(node_configs, run_config(config, tmp_path / "r"))
+    grid_settings = GridSettings(round_timeout=None, node_wait=2.0)  # no timeout: offline nodes are skipped
+
+    def on_round(rnd, row):
+        grid.offline.add(101)
+
+    run_to_folder(config, tmp_path / "r", on_round=on_round,
+                  executor_factory=lambda sim: GridExecutor(sim, grid, grid_settings), checkpoints=False)  # fmt: skip
+    rows = rows_of(tmp_path / "r")
+    assert rows[1]["rounds_log"][0]["missing"] == [3, 4, 5]
+    assert rows[1]["eval_missing"] == [3, 4, 5]
+
+
+# --- nodes and their configuration ----------------------------------------------------------------------------
+
+
+def test_clients_nobody_hosts_stop_the_start_with_their_ids(tmp_path):
+    config = algorithm_config("fedavg", checkpoint_every=0)
+    grid = InProcessGrid(nodes(tmp_path, {"clients": "0-3"}), rc := run_config(config, tmp_path / "r"))
+    with pytest.raises(FlowerError, match=r"clients 4-5 are hosted by no SuperNode"):
+        serve(grid, rc)
+    assert "FlowerError" in (tmp_path / "r" / "FAILED").read_text()
+
+
+def test_a_node_with_other_data_is_refused(tmp_path):
+    config = algorithm_config("fedavg", checkpoint_every=0)
+    other = config.model_copy(update={"seed": 1})  # another seed cuts another partition
+    rc = run_config(config, tmp_path / "r")
+    grid = InProcessGrid(nodes(tmp_path, {"clients": "0-5"}), rc | {"config": other.model_dump_json()})
+    with pytest.raises(FlowerError, match="other data than the server's partition"):
+        serve(grid, rc)
+
+
+def test_node_config_is_parsed_and_checked():
+    assert parse_clients("0,3, 5-7") == [0, 3, 5, 6, 7]
+    with pytest.raises(FlowerError, match="clients="):
+        parse_clients("3-1")
+    assert NodeSettings.from_node_config({"partition-id": 1, "num-partitions": 3}).hosted(8) == [1, 4, 7]
+    with pytest.raises(FlowerError, match="hosts no client"):
+        NodeSettings.from_node_config({})
+    with pytest.raises(FlowerError, match="partition-id < num-partitions"):
+        NodeSettings.from_node_config({"partition-id": 3, "num-partitions": 3})
+    with pytest.raises(FlowerError, match="do not exist"):
+        NodeSettings.from_node_config({"clients": "0-9"}).hosted(6)
+
+
+def test_pending_state_becomes_the_state_only_when_confirmed(tmp_path):
+    import torch
+
+    store = StateStore(tmp_path, 7)
+    assert store.load(0) == {}
+    store.put_pending(0, (1, 0), {"w": torch.ones(2)})
+    assert store.load(0) == {}  # not accepted yet
+    assert not store.confirm(0, (1, 1))  # another call's tag
+    assert store.confirm(0, (1, 0)) and store.confirm(0, (1, 0))  # confirming twice is harmless
+    assert torch.equal(store.load(0)["w"], torch.ones(2))
+    store.put_pending(0, (2, 0), {"w": torch.zeros(2)})
+    store.drop_pending(0)
+    assert torch.equal(store.load(0)["w"], torch.ones(2))
+
+
+# --- certificates, keys, the command line ------------------------------------------------------------------------
+
+
+def test_certificates_chain_to_the_ca_and_node_keys_are_what_flower_reads(tmp_path):
+    from cryptography import x509
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.hazmat.primitives.serialization import load_ssh_private_key, load_ssh_public_key
+
+    from fedtail.flower.deploy import make_node_key, make_tls
+
+    files = make_tls(tmp_path, ["127.0.0.1", "superlink.example"])
+    ca = x509.load_pem_x509_certificate(files.ca_cert.read_bytes())
+    server = x509.load_pem_x509_certificate(files.server_cert.read_bytes())
+    server.verify_directly_issued_by(ca)
+    names = server.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert "superlink.example" in names.get_values_for_type(x509.DNSName)
+    private, public = make_node_key(tmp_path, "node")
+    assert isinstance(load_ssh_private_key(private.read_bytes(), None), ec.EllipticCurvePrivateKey)
+    assert isinstance(load_ssh_public_key(public.read_bytes()), ec.EllipticCurvePublicKey)
+    assert oct(private.stat().st_mode & 0o777) == "0o600"
+
+
+def test_flower_local_takes_every_run_flag_and_checks_them_before_starting(tmp_path):
+    run_help = invoke("run", "--help").output
+    local_help = invoke("flower", "local", "--help").output
+    flags = set(re.findall(r"(?<![\w-])--[a-z][a-z-]+", run_help)) - {"--resume"}
+    assert len(flags) > 40 and flags <= set(re.findall(r"(?<![\w-])--[a-z][a-z-]+", local_help))
+    result = invoke("flower", "local", "--nodes", "9", "--dataset", "synthetic", "--model", "mlp", "--clients", "6",
+                    "--out", tmp_path / "r")  # fmt: skip
+    assert result.exit_code == 2 and "--nodes 9 exceeds the 6 clients" in result.output
+    assert not (tmp_path / "r" / "flower").exists()  # nothing was started
