@@ -24,7 +24,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from fedtail.config import build_config
+from fedtail.components import build_config
 from fedtail.engine import prepare
 from fedtail.engine.simulation import Simulation
 from fedtail.models import build_model

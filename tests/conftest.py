@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from fedtail.config import RunConfig, build_config
+from fedtail.config import RunConfig
+from fedtail.components import build_config
 
 
 def tiny_raw(**overrides: Any) -> dict[str, Any]:

@@ -22,11 +22,13 @@ from fedtail.algorithms import ALGORITHMS
 from fedtail.algorithms.base import Message
 from fedtail.algorithms.clustering import flatten, float_keys, unflatten
 from fedtail.cli.main import app
-from fedtail.config import RunConfig, build_config
+from fedtail.config import RunConfig
+from fedtail.components import build_config
 from fedtail.engine import prepare
 from fedtail.engine.executors import ClientRuntime, Task
 from fedtail.engine.simulation import Simulation
 from fedtail.errors import ConfigError
+from fedtail.components import algorithm_options
 
 # --- running simulations -----------------------------------------------------------------------
 
@@ -124,7 +126,7 @@ def runtime(config: RunConfig) -> ClientRuntime:
 
 def set_options(rt: ClientRuntime, config: RunConfig, **options) -> None:
     """Give the runner's clients other algorithm options (validated as a run's would be)."""
-    rt.options = config.model_copy(update={"options": options}).algorithm_options()
+    rt.options = algorithm_options(config.model_copy(update={"options": options}))
 
 
 def fit(rt: ClientRuntime, cid: int, tensors: dict, state: dict | None = None) -> tuple[Message, dict]:

@@ -14,6 +14,7 @@ from torch.func import functional_call, grad
 from conftest import tiny_config
 from fedtail.algorithms.apfl import mix, mixed_backward
 from fedtail.engine.context import derive_seed
+from fedtail.components import algorithm_options
 from helpers import (
     assert_config_error,
     assert_same,
@@ -270,7 +271,7 @@ def test_bad_options_are_rejected(assignment, needle):
 
 
 def test_defaults():
-    opts = tiny_config(algorithm="apfl").algorithm_options()
+    opts = algorithm_options(tiny_config(algorithm="apfl"))
     assert (opts.alpha, opts.adaptive, opts.alpha_lr) == (0.5, True, None)
     assert (opts.mix_w, opts.eval_w, opts.personal_start) == ("updated", "global", "global")
 

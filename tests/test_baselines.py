@@ -11,9 +11,11 @@ from conftest import tiny_config, tiny_raw
 from fedtail.algorithms.fednova import normalizer
 from fedtail.algorithms.fedprox import proximal_term
 from fedtail.algorithms.fedrep import train_only
-from fedtail.config import RunConfig, build_config
+from fedtail.config import RunConfig
+from fedtail.components import build_config
 from fedtail.engine.context import ClientContext
 from fedtail.engine.simulation import Simulation
+from fedtail.components import algorithm_options
 from helpers import (
     assert_config_error,
     assert_fails_in_one_line,
@@ -50,11 +52,11 @@ def test_bad_options_are_rejected_before_the_run(algorithm, assignment, needle):
 
 
 def test_options_parse_and_default():
-    assert build_config(tiny_raw(algorithm="fedprox")).algorithm_options().mu == 0.01
-    assert build_config(tiny_raw(algorithm="fedprox"), ["fedprox.mu=0.5"]).algorithm_options().mu == 0.5
-    ditto = build_config(tiny_raw(algorithm="ditto"), ["algo.personal_epochs=3"]).algorithm_options()
+    assert algorithm_options(build_config(tiny_raw(algorithm="fedprox"))).mu == 0.01
+    assert algorithm_options(build_config(tiny_raw(algorithm="fedprox"), ["fedprox.mu=0.5"])).mu == 0.5
+    ditto = algorithm_options(build_config(tiny_raw(algorithm="ditto"), ["algo.personal_epochs=3"]))
     assert ditto.lam == 1.0 and ditto.personal_epochs == 3
-    rep = build_config(tiny_raw(algorithm="fedrep"), ["fedrep.head_epochs=null"]).algorithm_options()
+    rep = algorithm_options(build_config(tiny_raw(algorithm="fedrep"), ["fedrep.head_epochs=null"]))
     assert rep.head_epochs is None and rep.body_epochs == 1
 
 

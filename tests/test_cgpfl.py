@@ -8,7 +8,8 @@ import torch
 
 from conftest import tiny_config, tiny_raw
 from fedtail.algorithms.cgpfl import kmeans_labels, match_to_centers
-from fedtail.config import build_config
+from fedtail.components import build_config
+from fedtail.components import algorithm_options
 from helpers import (
     ScriptedComm,
     assert_config_error,
@@ -53,10 +54,10 @@ def test_bad_options_are_rejected_before_the_run(assignment, needle):
 
 
 def test_options_parse_and_default():
-    opts = build_config(tiny_raw(algorithm="cgpfl")).algorithm_options()
+    opts = algorithm_options(build_config(tiny_raw(algorithm="cgpfl")))
     assert (opts.num_clusters, opts.mu, opts.inner_steps, opts.beta, opts.recluster_every) == (3, 15.0, 5, 1.0, 1)
     assert opts.eta is None and opts.personal_lr is None and opts.weighting == "uniform" and opts.warm_start
-    opts = build_config(tiny_raw(algorithm="cgpfl"), ["cgpfl.num_clusters=5", "algo.weighting=samples"]).algorithm_options()
+    opts = algorithm_options(build_config(tiny_raw(algorithm="cgpfl"), ["cgpfl.num_clusters=5", "algo.weighting=samples"]))
     assert opts.num_clusters == 5 and opts.weighting == "samples"
 
 

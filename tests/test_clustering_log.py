@@ -9,7 +9,8 @@ import pytest
 
 from conftest import tiny_config, tiny_raw
 from fedtail.algorithms.clustering import cluster_record, full_record
-from fedtail.config import LOG_CLUSTERING_EVERY, RunConfig, build_config
+from fedtail.config import LOG_CLUSTERING_EVERY, RunConfig
+from fedtail.components import build_config
 from fedtail.errors import ConfigError
 from fedtail.report.plots import acmu_records
 from fedtail.report.runfiles import config_diff

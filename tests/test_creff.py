@@ -26,6 +26,7 @@ from fedtail.engine.context import derive_seed, load_weights
 from fedtail.engine.executors import ClientRuntime, Task
 from fedtail.errors import ConfigError
 from fedtail.models import SplitModel
+from fedtail.components import algorithm_options
 from helpers import assert_serial_and_parallel_agree, run, simulation, strip_timing
 
 # --- helpers -----------------------------------------------------------------------------------
@@ -354,7 +355,7 @@ def test_creff_features_persist_across_rounds_and_resume():
             if rnd == 1:
                 after_one = full.server.features.features.clone()
         state = full.server.state_dict()
-        C, m = full.dataset.num_classes, config.algorithm_options().num_features
+        C, m = full.dataset.num_classes, algorithm_options(config).num_features
         assert state["features"]["features"].shape == (C * m, full.server.linear.in_features)
         assert torch.equal(state["features"]["features"], full.server.features.features)
         assert not torch.equal(after_one, initial)

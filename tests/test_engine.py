@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from conftest import tiny_config, tiny_raw
-from fedtail.config import build_config
+from fedtail.components import build_config
 from fedtail.algorithms.aggregate import WeightedMean, weighted_mean
 from fedtail.algorithms.base import Algorithm, ClientHalf, EdgeHalf, Message, ServerHalf
 from fedtail.engine import prepare

@@ -16,7 +16,7 @@ from fedtail.algorithms.fedac import (
     regularizer,
     tune_clusters,
 )
-from fedtail.config import build_config
+from fedtail.components import build_config
 from fedtail.engine.context import ClientContext
 from fedtail.errors import ConfigError
 from helpers import (

@@ -8,6 +8,7 @@ import torch
 from conftest import tiny_config
 from fedtail.algorithms.base import ClientHalf, Message
 from fedtail.engine.context import ClientContext
+from fedtail.components import algorithm_options
 from helpers import (
     ScriptedComm,
     assert_config_error,
@@ -141,7 +142,7 @@ def test_bad_options_are_rejected(assignment, needle):
 
 
 def test_defaults():
-    opts = tiny_config(algorithm="fedbabu").algorithm_options()
+    opts = algorithm_options(tiny_config(algorithm="fedbabu"))
     assert opts.finetune_epochs == 5 and opts.finetune == "full"
 
 

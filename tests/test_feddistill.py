@@ -10,6 +10,7 @@ from conftest import tiny_config
 from fedtail.algorithms.feddistill import COUNTS, MEANS, PRESENT, TEACHER, distill_divergence, distill_loss
 from fedtail.algorithms.prototypes import ClassStats, class_statistics
 from fedtail.engine.context import load_weights
+from fedtail.components import algorithm_options
 from helpers import (
     ScriptedComm,
     assert_config_error,
@@ -164,7 +165,7 @@ def test_distillation_pulls_the_clients_logits_towards_the_teacher():
     message = {TEACHER: teacher, PRESENT: torch.ones(5, dtype=torch.bool)}
     share = {}
     for lam in (0.0, 3.0):
-        rt.options = config.model_copy(update={"options": {"lam": lam, "logits": "inference"}}).algorithm_options()
+        rt.options = algorithm_options(config.model_copy(update={"options": {"lam": lam, "logits": "inference"}}))
         answer, _ = fit(rt, 0, message)
         held = answer.tensors[COUNTS] > 0
         share[lam] = float(F.softmax(answer.tensors[MEANS][held], 1)[:, 4].mean())

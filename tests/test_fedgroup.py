@@ -17,8 +17,9 @@ from fedtail.algorithms.fedgroup import (
     pretrain_count,
     svd_directions,
 )
-from fedtail.config import build_config
+from fedtail.components import build_config
 from fedtail.errors import ConfigError
+from fedtail.components import algorithm_options
 from helpers import (
     CLUSTERED_SMOKE,
     PlantedUpdateComm,
@@ -179,9 +180,9 @@ def test_bad_fedgroup_options_are_rejected(assignment, needle):
 
 
 def test_options_parse_and_default():
-    opts = build_config(tiny_raw(algorithm="fedgroup")).algorithm_options()
+    opts = algorithm_options(build_config(tiny_raw(algorithm="fedgroup")))
     assert (opts.num_groups, opts.svd_dims, opts.pretrain_clients, opts.eta_g, opts.mu) == (5, 3, None, 0.0, 0.0)
-    count = build_config(tiny_raw(algorithm="fedgroup"), ["fedgroup.num_groups=2", "fedgroup.pretrain_clients=4"]).algorithm_options()
+    count = algorithm_options(build_config(tiny_raw(algorithm="fedgroup"), ["fedgroup.num_groups=2", "fedgroup.pretrain_clients=4"]))
     assert count.pretrain_clients == 4
 
 

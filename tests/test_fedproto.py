@@ -12,6 +12,7 @@ from fedtail.algorithms.prototypes import ClassMean, class_statistics, nearest_p
 from fedtail.data.base import Dataset, Split
 from fedtail.engine.context import load_weights
 from fedtail.models import SplitModel
+from fedtail.components import algorithm_options
 from helpers import (
     ScriptedComm,
     assert_config_error,
@@ -150,7 +151,7 @@ def test_the_lambda_term_pulls_features_to_the_global_prototypes():
     present = torch.tensor([True, True, True, True, False])
     gap = {}
     for options in ({"lam": 0.0}, {"lam": 1.0, "alignment": "l2sq"}, {"lam": 20.0, "alignment": "mse"}):
-        rt.options = config.model_copy(update={"options": options}).algorithm_options()
+        rt.options = algorithm_options(config.model_copy(update={"options": options}))
         answer, _ = fit(rt, 3, {MEANS: targets, PRESENT: present})
         held = (answer.tensors[COUNTS] > 0) & present
         gap[options.get("alignment")] = float((answer.tensors[MEANS][held] - targets[held]).pow(2).sum())

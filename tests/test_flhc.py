@@ -9,7 +9,8 @@ import torch
 from conftest import tiny_config, tiny_raw
 from fedtail.algorithms.aggregate import weighted_mean
 from fedtail.algorithms.flhc import hierarchical_clusters
-from fedtail.config import build_config
+from fedtail.components import build_config
+from fedtail.components import algorithm_options
 from helpers import (
     CLUSTERED_SMOKE,
     PlantedUpdateComm,
@@ -132,14 +133,14 @@ def test_bad_flhc_options_are_rejected(assignments, needle):
 
 
 def test_options_parse_and_default():
-    opts = build_config(tiny_raw(algorithm="flhc")).algorithm_options()
+    opts = algorithm_options(build_config(tiny_raw(algorithm="flhc")))
     assert (opts.cluster_round, opts.metric, opts.linkage, opts.num_clusters, opts.distance_threshold) == (
         10, "euclidean", "ward", 5, None,
     )  # fmt: skip
-    threshold = build_config(tiny_raw(algorithm="flhc"), ["flhc.distance_threshold=2.5"]).algorithm_options()
+    threshold = algorithm_options(build_config(tiny_raw(algorithm="flhc"), ["flhc.distance_threshold=2.5"]))
     assert threshold.num_clusters is None and threshold.distance_threshold == 2.5
     cosine = build_config(tiny_raw(algorithm="flhc"), ["flhc.metric=cosine", "flhc.linkage=average"])
-    assert cosine.algorithm_options().metric == "cosine"
+    assert algorithm_options(cosine).metric == "cosine"
 
 
 def test_more_clusters_than_clients_is_a_config_error_when_the_config_is_built():

@@ -18,6 +18,7 @@ from fedtail.algorithms.prototypes import class_target_loss, nearest_prototype_s
 from fedtail.engine.context import load_weights
 from fedtail.engine.executors import Task
 from fedtail.models import SplitModel, build_model
+from fedtail.components import algorithm_options
 from helpers import (
     STAGE_SMOKE,
     ScriptedComm,
@@ -256,7 +257,7 @@ def test_lpr_is_zero_for_an_unchanged_body_and_positive_otherwise():
     got = gldp.relation_loss(z, z_new, protos, 2.0, "distance")
     assert float(got) == pytest.approx(float(expected), rel=1e-4)
     # through the training term (default τ = 0.07): the model vs the previous stage's model
-    opts = tiny_config(algorithm="gldp", options={"lam": 0.25}).algorithm_options()
+    opts = algorithm_options(tiny_config(algorithm="gldp", options={"lam": 0.25}))
     model, old = build_model("mlp", (16,), 5), build_model("mlp", (16,), 5)
     old.load_state_dict(model.state_dict())
     x, y = torch.randn(6, 16, generator=g), torch.arange(6) % 5

@@ -10,6 +10,7 @@ import torch
 from conftest import tiny_config
 from fedtail.algorithms.moon import contrastive_loss, contrastive_term
 from fedtail.engine.context import ClientContext, derive_seed
+from fedtail.components import algorithm_options
 from helpers import (
     assert_config_error,
     assert_same,
@@ -121,7 +122,7 @@ def test_bad_options_are_rejected(assignment, needle):
 
 
 def test_defaults():
-    opts = tiny_config(algorithm="moon").algorithm_options()
+    opts = algorithm_options(tiny_config(algorithm="moon"))
     assert opts.mu == 1.0 and opts.tau == 0.5
 
 

@@ -13,6 +13,7 @@ from conftest import tiny_config
 from fedtail.algorithms.base import ClientHalf, Message
 from fedtail.algorithms.perfedavg import meta_gradient, shuffled_batches
 from fedtail.engine.context import ClientContext, derive_seed
+from fedtail.components import algorithm_options
 from helpers import (
     assert_config_error,
     assert_serial_and_parallel_agree,
@@ -172,7 +173,7 @@ def test_bad_options_are_rejected(assignment, needle):
 
 
 def test_defaults():
-    opts = tiny_config(algorithm="perfedavg").algorithm_options()
+    opts = algorithm_options(tiny_config(algorithm="perfedavg"))
     assert (opts.variant, opts.alpha, opts.beta, opts.eval_steps) == ("fo", None, 0.001, 1)
 
 

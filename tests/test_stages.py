@@ -9,7 +9,7 @@ import torch
 
 from conftest import tiny_config, tiny_raw
 from fedtail.algorithms.base import ClientHalf, Message
-from fedtail.config import build_config
+from fedtail.components import build_config
 from fedtail.engine import prepare
 from fedtail.engine.executors import Task
 from fedtail.engine.simulation import EVAL_CALL

@@ -15,6 +15,7 @@ import pytest
 
 from fedtail.algorithms.base import Algorithm, AlgorithmConfig
 from fedtail.algorithms.fedavg import FedAvgClient, FedAvgServer
+from fedtail.components import algorithm_options
 from fedtail.errors import ConfigError
 from fedtail.sweep import (
     PidLock,
@@ -105,7 +106,7 @@ options = { kappa = 2 }
     runs = {r.method: r.config for r in load_sweep(path).runs}
     assert runs["toyopt"].algorithm == "toyopt" and runs["toyopt"].options == {}
     assert runs["toyopt-k2"].algorithm == "toyopt" and runs["toyopt-k2"].options == {"kappa": 2}
-    assert runs["toyopt-k2"].algorithm_options().kappa == 2 and runs["toyopt"].algorithm_options().kappa == 3
+    assert algorithm_options(runs["toyopt-k2"]).kappa == 2 and algorithm_options(runs["toyopt"]).kappa == 3
 
 
 def test_tables_accept_flag_names_like_run_config(tmp_path):

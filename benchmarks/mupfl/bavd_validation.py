@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from fedtail.algorithms.mupfl.bavd import ActivationMaps
-from fedtail.config import build_config
+from fedtail.components import build_config
 from fedtail.engine import prepare
 from fedtail.engine.context import initial_weights, load_weights
 from fedtail.engine.training import evaluate, train_epochs

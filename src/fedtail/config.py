@@ -143,18 +143,8 @@ class RunConfig(BaseModel):
         return sorted(v)
 
     @model_validator(mode="after")
-    def _names(self) -> "RunConfig":
-        from fedtail.algorithms import ALGORITHMS
-        from fedtail.data import DATASETS
-        from fedtail.models import MODELS
-
-        for flag, name, known in (
-            ("--algorithm", self.algorithm, ALGORITHMS),
-            ("--dataset", self.dataset, DATASETS),
-            ("--model", self.model, MODELS),
-        ):
-            if name not in known:
-                raise ValueError(f"{flag} {name!r} is unknown; choose one of: {', '.join(sorted(known))}")
+    def _consistent(self) -> "RunConfig":
+        # names (algorithm, dataset, model) are resolved by fedtail.components.check, not here
         if self.eval_split == "val" and self.partition.val_fraction <= 0:
             raise ValueError("eval_split 'val' needs --val-fraction > 0")
         if self.faults.min_replies > self.clients_per_round:
@@ -225,16 +215,6 @@ class RunConfig(BaseModel):
     def clients_per_round(self) -> int:
         return max(1, round(self.fraction * self.partition.num_clients))
 
-    def algorithm_options(self) -> Any:
-        """The algorithm's own validated option object (from ``--set NAME.key=value``)."""
-        from fedtail.algorithms import ALGORITHMS
-
-        spec = ALGORITHMS[self.algorithm]
-        try:
-            return spec.config(**self.options)
-        except ValidationError as err:
-            raise ConfigError(_first_error(err, prefix=f"--set {self.algorithm}.", model=spec.config)) from None
-
 
 # ---------------------------------------------------------------------------------------------
 # Building a config from files, flags and --set overrides
@@ -264,7 +244,7 @@ def _allowed_keys(model: type[BaseModel], loc: tuple) -> list[str]:
     return sorted(model.model_fields)
 
 
-def _first_error(err: ValidationError, prefix: str = "", model: type[BaseModel] | None = None) -> str:
+def first_error(err: ValidationError, prefix: str = "", model: type[BaseModel] | None = None) -> str:
     e = err.errors()[0]
     msg = e["msg"].removeprefix("Value error, ")
     if e["type"] == "extra_forbidden":
@@ -302,10 +282,6 @@ def apply_set(raw: dict[str, Any], assignment: str) -> None:
     if head in ("algo", algorithm) and len(parts) == 2:
         raw.setdefault("options", {})[parts[1]] = parse_value(value)
         return
-    from fedtail.algorithms import ALGORITHMS
-
-    if head in ALGORITHMS:
-        raise ConfigError(f"--set {key}: options of {head!r} do not apply to --algorithm {algorithm}")
     target = raw
     for part in parts[:-1]:
         if part not in ("partition", "train", "faults", "dataset_options", "options"):
@@ -418,10 +394,11 @@ def merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def build_config(raw: dict[str, Any], sets: list[str] = (), rounds: bool = True) -> RunConfig:
-    """Validate a raw (file + flags) dict after applying ``--set`` overrides.
+def parse_config(raw: dict[str, Any], sets: list[str] = (), rounds: bool = True) -> RunConfig:
+    """Validate the shape of a raw (file + flags) dict after applying ``--set`` overrides.
 
     ``rounds=False`` skips the checks of the round schedule (for commands that run no rounds).
+    Names are not resolved here: :func:`fedtail.components.build_config` does both.
     """
     raw = json.loads(json.dumps(raw))  # deep copy; also rejects non-JSON values early
     for assignment in sets:
@@ -429,7 +406,5 @@ def build_config(raw: dict[str, Any], sets: list[str] = (), rounds: bool = True)
     try:
         config = RunConfig.model_validate(raw, context={"rounds": rounds})
     except ValidationError as err:
-        raise ConfigError(_first_error(err)) from None
-    # Validate algorithm options now, alone and against the run, before any work starts.
-    config.algorithm_options().check_run(config.partition.num_clients)
+        raise ConfigError(first_error(err)) from None
     return config

@@ -95,7 +95,7 @@ def run(
     algorithm: Optional[str] = typer.Option(None, "--algorithm", "-a", help="algorithm name (see `fedtail list`)"),
     dataset: Optional[str] = typer.Option(None, help="dataset name"),
     model: Optional[str] = typer.Option(None, help="model name"),
-    partition: Optional[str] = typer.Option(None, help="iid | dirichlet | pathological | dominant | stages"),
+    partition: Optional[str] = typer.Option(None, help="iid | dirichlet | pathological | dominant | stages | natural"),
     imbalance: Optional[float] = typer.Option(None, help="long-tail imbalance factor IF >= 1"),
     alpha: Optional[float] = typer.Option(None, help="Dirichlet concentration > 0"),
     clients: Optional[int] = typer.Option(None, help="number of clients"),
@@ -109,7 +109,7 @@ def run(
     classes_per_stage: Optional[int] = typer.Option(None, help="stages: classes per stage task"),
     stages: Optional[int] = typer.Option(None, help="stages: stage tasks per client"),
     test_fraction: Optional[float] = typer.Option(None, help="local test size / training size"),
-    local_test: Optional[str] = typer.Option(None, help="sampled (from the official test split) | holdout"),
+    local_test: Optional[str] = typer.Option(None, help="sampled (from the official test split) | holdout | own (natural partitions: the client's own test rows)"),
     val_fraction: Optional[float] = typer.Option(None, help="per-client validation fraction"),
     fraction: Optional[float] = typer.Option(None, help="fraction of clients per round, in (0, 1]"),
     rounds: Optional[int] = typer.Option(None, help="communication rounds"),
@@ -159,7 +159,8 @@ def run(
     ),
 ) -> None:
     """Run one experiment and write config.json, metrics.jsonl and summary.json to --out."""
-    from fedtail.config import build_config, merge
+    from fedtail.config import merge
+    from fedtail.components import build_config
     from fedtail.report import is_finished
     from fedtail.runner import checkpoint_diffs
 
@@ -254,7 +255,7 @@ def compare(
     out: Path = typer.Option(..., "--out", help="folder; each algorithm's run goes to OUT/ALGORITHM"),
 ) -> None:
     """Run several algorithms on the same data and partition, then print one table."""
-    from fedtail.config import build_config
+    from fedtail.components import build_config
 
     names = [a.strip() for a in algorithms.split(",") if a.strip()]
     summaries = []
@@ -402,26 +403,20 @@ def report(
 
 @app.command("list")
 def list_components() -> None:
-    """Algorithms, datasets, models and partitions, one line each."""
-    from fedtail.algorithms import ALGORITHMS
-    from fedtail.data import DATASETS
-    from fedtail.models import MODELS
+    """Algorithms, datasets, models (built-in and installed plug-ins) and partitions, one line each."""
+    from fedtail.components import listing
     from fedtail.partition import SCHEMES
 
-    for kind, entries in (
-        ("algorithm", {k: v.summary for k, v in ALGORITHMS.items()}),
-        ("dataset", DATASETS),
-        ("model", MODELS),
-        ("partition", SCHEMES),
-    ):
-        for name in sorted(entries):
-            typer.echo(f"{kind:<10} {name:<16} {entries[name]}")
+    entries = listing() | {"partition": SCHEMES}
+    for kind in ("algorithm", "dataset", "model", "partition"):
+        for name in sorted(entries[kind]):
+            typer.echo(f"{kind:<10} {name:<16} {entries[kind][name]}")
 
 
 @app.command("partition")
 def partition_cmd(
     dataset: Optional[str] = typer.Option(None, help="dataset name"),
-    partition: Optional[str] = typer.Option(None, help="iid | dirichlet | pathological | dominant | stages"),
+    partition: Optional[str] = typer.Option(None, help="iid | dirichlet | pathological | dominant | stages | natural"),
     imbalance: Optional[float] = typer.Option(None),
     alpha: Optional[float] = typer.Option(None),
     clients: Optional[int] = typer.Option(None),
@@ -444,7 +439,7 @@ def partition_cmd(
     out: Path = typer.Option(..., "--out", help="JSON file to write; a PNG heatmap is written beside it"),
 ) -> None:
     """Cut a dataset into clients and write the per-client class counts (JSON + PNG heatmap)."""
-    from fedtail.config import build_config
+    from fedtail.components import build_config
     from fedtail.engine import prepare
     from fedtail.partition import plot_heatmap
 

@@ -14,14 +14,18 @@ import torch
 
 @dataclass(frozen=True)
 class Split:
-    """One split: inputs ``x`` (uint8 images or float32 features) and int64 labels ``y``."""
+    """One split: inputs ``x`` (uint8 images or float32 features), int64 labels ``y`` and, for
+    data that come split by client (``npz:`` / ``folder:`` files), each row's int64 client id."""
 
     x: torch.Tensor
     y: torch.Tensor
+    clients: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.x.shape[0] != self.y.shape[0]:
             raise ValueError(f"x has {self.x.shape[0]} rows but y has {self.y.shape[0]}")
+        if self.clients is not None and self.clients.shape != self.y.shape:
+            raise ValueError(f"clients has {self.clients.shape[0]} rows but y has {self.y.shape[0]}")
 
     def __len__(self) -> int:
         return int(self.y.shape[0])

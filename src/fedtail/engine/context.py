@@ -19,7 +19,8 @@ from fedtail.algorithms.base import AlgorithmConfig, Message, Tensors
 from fedtail.config import RunConfig, TrainConfig
 from fedtail.data.base import Dataset, Split
 from fedtail.engine.training import EvalCounts, ExtraLoss, FeatureLoss, OnStep, TrainStats, evaluate, train_epochs
-from fedtail.models import SplitModel, build_model
+from fedtail.components import build_model
+from fedtail.models import SplitModel
 from fedtail.partition import Partition
 
 

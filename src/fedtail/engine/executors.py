@@ -18,6 +18,7 @@ import numpy as np
 import torch
 import torch.multiprocessing as mp
 
+from fedtail import components
 from fedtail.algorithms.base import ClientHalf, Message
 from fedtail.config import RunConfig
 from fedtail.data.base import Dataset
@@ -87,16 +88,14 @@ class ClientRuntime:
     """Runs client tasks in one process: the workspace, the views and the client half."""
 
     def __init__(self, config: RunConfig, dataset: Dataset, partition: Partition) -> None:
-        from fedtail.algorithms import ALGORITHMS
-
         torch.set_num_threads(config.threads)
         self.config = config
         self.workspace = Workspace(config, dataset)
         self.stage_views = stage_views(config, partition, dataset)
         self.views = self.stage_views[0]  # the views of stage 0 (of the whole clients without stages)
-        spec = ALGORITHMS[config.algorithm]
+        spec = components.algorithm(config.algorithm)
         self.client: ClientHalf = spec.client()
-        self.options = config.algorithm_options()
+        self.options = components.algorithm_options(config)
 
     def run(self, task: Task) -> Result:
         start = time.perf_counter()

@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterator, Mapping
 import numpy as np
 import torch
 
-from fedtail.algorithms import ALGORITHMS
+from fedtail import components
 from fedtail.algorithms.base import EdgeHalf, Message, ServerHalf
 from fedtail.config import RunConfig
 from fedtail.data.base import Dataset
@@ -120,8 +120,8 @@ class Simulation:
         config = self.config
         torch.set_num_threads(config.threads)
         self.num_clients = len(self.partition.clients)
-        self.spec = ALGORITHMS[config.algorithm]
-        options = config.algorithm_options()
+        self.spec = components.algorithm(config.algorithm)
+        options = components.algorithm_options(config)
         self.workspace = Workspace(config, self.dataset)
         self.server_ctx = ServerContext(
             config=config,

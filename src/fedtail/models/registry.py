@@ -36,6 +36,11 @@ MODELS: dict[str, str] = {
 }
 
 
+def builder(name: str) -> Builder | None:
+    """The builder of built-in model ``name`` (None when there is no such built-in)."""
+    return _BUILDERS.get(name)
+
+
 def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
     """Build model ``name`` for inputs shaped ``input_shape`` (no batch dim) and ``num_classes`` classes.
 

@@ -24,6 +24,7 @@ _EMPTY_HINT = {
     "pathological": "use fewer --clients, more --classes-per-client or a smaller --imbalance",
     "dominant": "use fewer --clients",
     "stages": "use fewer --clients or a smaller --imbalance",
+    "natural": "use a smaller --imbalance (the long-tail cut emptied a client)",
 }
 
 
@@ -46,10 +47,10 @@ class _Views:
         self.carve_rng, self.test_rng = carve_rng, test_rng
         self.test_by_class = [np.flatnonzero(test_labels == c) for c in range(num_classes)]
 
-    def __call__(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def __call__(self, idx: np.ndarray, own_test: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         cfg = self.cfg
         train = np.sort(idx).astype(np.int64)
-        test = np.empty(0, dtype=np.int64)
+        test = np.empty(0, dtype=np.int64) if own_test is None else own_test
         if cfg.local_test == "holdout":
             train, test = local_test.carve(train, self.train_labels, cfg.test_fraction, self.carve_rng)
         # Validation comes after the holdout so the test fraction refers to the client's whole share.
@@ -88,9 +89,19 @@ def carve_server(labels: np.ndarray, num_classes: int, config: PartitionConfig,
 
 
 def make_partition(train_labels: np.ndarray, test_labels: np.ndarray, num_classes: int,
-                   config: PartitionConfig, seed: int) -> Partition:
-    """Partition the training split into clients; deterministic in `seed`."""
+                   config: PartitionConfig, seed: int, train_clients: np.ndarray | None = None,
+                   test_clients: np.ndarray | None = None) -> Partition:
+    """Partition the training split into clients; deterministic in `seed`.
+
+    ``train_clients`` / ``test_clients``: each row's client id, for data that come split by client
+    (``--partition natural``; ``--local-test own`` takes each client's test rows of its own id).
+    """
     config.check(num_classes)
+    if config.scheme == "natural" and train_clients is None:
+        raise ConfigError("--partition natural needs data with client ids (an npz: file with a 'client' "
+                          "array, or a folder: of client folders)")
+    if config.local_test == "own" and (config.scheme != "natural" or test_clients is None):
+        raise ConfigError("--local-test own needs --partition natural and client ids in the test split")
     if seed < 0:
         raise ConfigError(f"--seed must be >= 0 (got {seed})")
     train_labels = _check_labels(train_labels, num_classes, "train")
@@ -128,11 +139,15 @@ def make_partition(train_labels: np.ndarray, test_labels: np.ndarray, num_classe
                 val=np.sort(np.concatenate([s.val for s in stage_data])),
                 stages=stage_data, **refs))
     else:
-        for i, idx in enumerate(_SCHEME_FUNCS[config.scheme](train_labels, kept, num_classes, config,
-                                                             part_rng)):
+        if config.scheme == "natural":
+            lists = schemes.natural(np.asarray(train_clients), kept, config.num_clients)
+        else:
+            lists = _SCHEME_FUNCS[config.scheme](train_labels, kept, num_classes, config, part_rng)
+        for i, idx in enumerate(lists):
             if len(idx) == 0:
                 raise ConfigError(f"partition left client {i} with no training samples; {hint}")
-            train, test, val = views(idx)
+            own = np.flatnonzero(np.asarray(test_clients) == i) if config.local_test == "own" else None
+            train, test, val = views(idx, own)
             clients.append(ClientData(train, test, val, **refs))
     return Partition(num_classes=num_classes, kept=kept, global_train_counts=global_counts,
                      clients=clients, test_source=test_source, scheme=config.scheme, server=server)

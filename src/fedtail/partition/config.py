@@ -15,7 +15,7 @@ from pydantic import (
 
 from fedtail.errors import ConfigError
 
-SchemeName = Literal["iid", "dirichlet", "pathological", "dominant", "stages"]
+SchemeName = Literal["iid", "dirichlet", "pathological", "dominant", "stages", "natural"]
 
 # Field -> command-line flag, so every message (and the CLI) uses the same spelling.
 FLAGS: dict[str, str] = {
@@ -57,7 +57,7 @@ class PartitionConfig(BaseModel):
     classes_per_stage: int = 2
     stages: int = 5
     test_fraction: float = 0.25
-    local_test: Literal["sampled", "holdout"] = "sampled"
+    local_test: Literal["sampled", "holdout", "own"] = "sampled"
     val_fraction: float = 0.0
     # Server-held data (FEDIC): carved from the training split before the long-tail cut, so no
     # client ever holds these samples. 0 = none (the partition is then exactly as without them).

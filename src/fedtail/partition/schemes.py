@@ -31,6 +31,7 @@ SCHEMES: dict[str, str] = {
     "pathological": "client i holds --classes-per-client classes (i*n+j) mod C, each class split evenly",
     "dominant": "FedReMa: clients in --groups groups with overlapping dominant labels plus --iid-fraction IID",
     "stages": "GLDP [N,S,M]: --stages sequential tasks of --classes-per-stage classes per client",
+    "natural": "the data's own clients (client ids of an npz: or folder: dataset); --clients must equal their number",
 }
 
 # Bounded Dirichlet redraws: enough for any feasible setting, short enough to fail fast on infeasible ones.
@@ -270,3 +271,13 @@ def stages(labels: np.ndarray, kept: np.ndarray, num_classes: int, cfg: Partitio
             client_stages.append((stage_cls, _concat([share[i][int(c)] for c in stage_cls])))
         out.append(client_stages)
     return out
+
+
+def natural(clients: np.ndarray, kept: np.ndarray, num_clients: int) -> ClientLists:
+    """The kept training rows of each of the data's own clients (ids 0..K−1), in id order."""
+    found = int(clients.max()) + 1 if len(clients) else 0
+    if found != num_clients:
+        raise ConfigError(
+            f"--partition natural: the data has {found} clients; pass --clients {found} (got {num_clients})")
+    owner = clients[kept]
+    return [np.sort(kept[owner == c]).astype(np.int64) for c in range(num_clients)]

@@ -50,6 +50,9 @@ Modules: :mod:`~fedtail.sweep.spec` (the file and the plan), :mod:`~fedtail.swee
 The console output (the plan table, progress, one line per run) belongs to ``fedtail sweep``.
 """
 
+import sys
+import types
+
 from fedtail.sweep.pool import RunOutcome, Runner, oversubscription
 from fedtail.sweep.record import SweepRecord
 from fedtail.sweep.spec import PlannedRun, Sweep, load_sweep
@@ -83,3 +86,16 @@ __all__ = [
     "run_status",
     "to_run",
 ]
+
+
+class _CallableModule(types.ModuleType):
+    """``fedtail.sweep(FILE, ...)`` runs a sweep file (:func:`fedtail.api.sweep`), while
+    ``fedtail.sweep.load_sweep`` and the rest stay this package's."""
+
+    def __call__(self, file, **options):
+        from fedtail.api import sweep
+
+        return sweep(file, **options)
+
+
+sys.modules[__name__].__class__ = _CallableModule

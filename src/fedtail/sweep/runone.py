@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 1:
         print("usage: python -m fedtail.sweep.runone RUN_DIR < config.json", file=sys.stderr)
         return 2
-    from fedtail.config import build_config
+    from fedtail.components import build_config
     from fedtail.errors import FedtailError, RunDiverged
     from fedtail.runner import run_to_folder
 

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedtail.config import RunConfig, build_config, flags_to_nested, load_toml, merge
+from fedtail.config import RunConfig, flags_to_nested, load_toml, merge
+from fedtail.components import build_config
 from fedtail.errors import ConfigError
 
 SWEEP_KEYS = ("out", "seeds", "jobs", "base", "settings", "methods")
