@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from fedtail.config import build_config
+from fedtail.components import build_config
 from fedtail.flower.deploy import LocalDeployment
 from fedtail.runner import run_to_folder
 
