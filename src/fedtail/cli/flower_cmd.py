@@ -61,7 +61,7 @@ def _option(name: str, annotation: Any, default: Any) -> inspect.Parameter:
 def _config(kwargs: dict[str, Any]):
     """The run's validated config, as ``fedtail run`` builds it; refuses a finished run in --out."""
     from fedtail.cli.main import raw_from_flags
-    from fedtail.config import build_config
+    from fedtail.components import build_config
     from fedtail.report import is_finished
 
     flags = {k: v for k, v in kwargs.items() if k in FLAG_KEYS}

@@ -23,7 +23,7 @@ File format::
     train = { lr = 0.01 }      # any other RunConfig override, deep-merged last
 
 A run's config is ``base ⊕ settings[s] ⊕ method overrides ⊕ {algorithm, options, seed}``,
-validated by :func:`fedtail.config.build_config` (the code path of ``fedtail run``) for every
+validated by :func:`fedtail.components.build_config` (the code path of ``fedtail run``) for every
 run before any run starts. ``seed`` comes from ``seeds`` only; ``algorithm`` only from the
 methods. Runs go to ``{out}/{setting}/{method}/seed{seed}``.
 

@@ -2,7 +2,7 @@
 
     python -m fedtail.sweep.runone RUN_DIR < config.json
 
-The config (a full ``config.json`` dict) is validated with :func:`fedtail.config.build_config`
+The config (a full ``config.json`` dict) is validated with :func:`fedtail.components.build_config`
 and run with the same :func:`fedtail.runner.run_to_folder` as ``fedtail run``; a checkpoint of
 the same config in RUN_DIR is resumed from. Each evaluation prints one line (round, accuracy,
 elapsed time), so ``run.log`` shows a long run's progress.
