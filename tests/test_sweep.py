@@ -616,3 +616,10 @@ def test_a_diverged_run_is_recorded_kept_and_rerun_only_when_asked(tmp_path):
     assert res.exit_code == 0, res.output
     row = next(line for line in report.read_text().splitlines() if line.startswith("| wild "))
     assert "diverged (round 1)" in row and "%" not in row
+
+
+def test_an_optional_setting_added_later_keeps_older_runs_done():
+    old = {"train": {"lr": 0.1}, "seed": 0}
+    assert config_diff(old, {"train": {"lr": 0.1, "local_steps": None}, "seed": 0}) == []
+    assert config_diff({"train": {"lr": 0.1, "local_steps": None}}, {"train": {"lr": 0.1}}) == []
+    assert config_diff(old, {"train": {"lr": 0.1, "local_steps": 5}, "seed": 0}) == ["train.local_steps: (absent) -> 5"]

@@ -53,10 +53,13 @@ def config_diff(old: Any, new: Any, ignore: tuple[str, ...] = IGNORED_KEYS, pref
             if not prefix and key in ignore:
                 continue
             name = f"{prefix}.{key}" if prefix else str(key)
+            # an optional setting added later: null (its default) equals absent in older files
             if key not in old:
-                out.append(f"{name}: (absent) -> {json.dumps(new[key])}")
+                if new[key] is not None:
+                    out.append(f"{name}: (absent) -> {json.dumps(new[key])}")
             elif key not in new:
-                out.append(f"{name}: {json.dumps(old[key])} -> (absent)")
+                if old[key] is not None:
+                    out.append(f"{name}: {json.dumps(old[key])} -> (absent)")
             else:
                 out.extend(config_diff(old[key], new[key], ignore, name))
         return out
