@@ -10,7 +10,7 @@ from torch import nn
 from conftest import tiny_config
 from fedtail.algorithms.mupfl import MuPFLConfig
 from fedtail.algorithms.mupfl.acmu import cluster_clients, cluster_update, embedding, similarity
-from fedtail.algorithms.mupfl.bavd import ActivationMaps, keep_mask
+from fedtail.algorithms.mupfl.bavd import ActivationMaps, keep_mask, threshold, value_mask
 from fedtail.models import build_model
 from helpers import run, run_with_summary
 
@@ -211,3 +211,77 @@ def test_negative_layer_index_selects_the_last_activation():
         model(torch.randn(2, 1, 8, 8))
         maps.on_step(1.0)
     assert maps.maps[0].shape == (64, 4, 4)  # the second conv block's activation
+
+
+# --- BAVD readings (issue 16) ----------------------------------------------------------------
+
+
+def test_value_mask_keeps_each_slices_own_highest_activations():
+    # Two samples, one channel, 2×2: the same map threshold, different positions kept per sample.
+    h = torch.tensor([[[[0.0, 1.0], [2.0, 4.0]]], [[[4.0, 3.0], [0.0, 0.0]]]])
+    maps = ActivationMaps([0], psi_sign=-1.0, mask="value")
+    mu = 0.5
+    keep = value_mask(h, mu)
+    # sample 0 normalised: 0, .25, .5, 1 -> keeps 2 and 4; sample 1: 1, .75, 0, 0 -> keeps 4 and 3
+    assert keep.tolist() == [[[[False, False], [True, True]]], [[[True, True], [False, False]]]]
+    planted = torch.tensor([[[0.0, 1.0], [0.0, 1.0]]])  # normalised mean 0.5
+    assert threshold(planted) == pytest.approx(0.5)
+    assert torch.equal(maps._keep(h, planted), keep)
+    flat = torch.zeros(1, 1, 2, 2)
+    assert value_mask(flat, mu).all()  # a flat slice carries no preference
+
+
+def test_value_mask_in_a_training_pass():
+    model = _cnn()
+    x = torch.randn(4, 1, 8, 8)
+    planted = torch.rand(32, 8, 8)
+    captured = {}
+    model.body[1].register_forward_hook(lambda m, i, o: captured.__setitem__("plain", o.clone()))
+    maps = ActivationMaps([0], psi_sign=-1.0, mask="value")
+    maps.maps[0] = planted.clone()
+    model.train()
+    with maps.attached(model):
+        out = model.body[:2](x)
+    keep = value_mask(captured["plain"], threshold(planted))
+    assert 0 < keep.float().mean() < 1
+    assert torch.equal(out, captured["plain"] * keep)
+    # Input-dependent: the kept positions differ between samples, unlike the map mask.
+    assert not torch.equal(keep[0], keep[1])
+
+
+def test_batch_map_masks_from_the_current_batch_from_the_first_step():
+    model = _cnn()
+    x = torch.randn(6, 1, 8, 8)
+    captured = {}
+    model.body[1].register_forward_hook(lambda m, i, o: captured.__setitem__("plain", o.clone()))
+    model.train()
+    accumulated = ActivationMaps([0], psi_sign=-1.0)
+    with accumulated.attached(model):
+        first = model.body[:2](x)
+    assert torch.equal(first, captured["plain"])  # λ = 0 of an accumulated map: nothing dropped
+    batch = ActivationMaps([0], psi_sign=-1.0, source="batch")
+    batch.maps[0] = torch.rand(32, 8, 8)  # an accumulated map that the batch reading ignores
+    with batch.attached(model):
+        out = model.body[:2](x)
+    keep = keep_mask(captured["plain"].mean(0))
+    assert 0 < keep.float().mean() < 1
+    assert torch.equal(out, captured["plain"] * keep)
+
+
+def test_hw_maps_drop_whole_positions_across_channels():
+    model = _cnn()
+    x = torch.randn(3, 1, 8, 8)
+    maps = ActivationMaps([0], psi_sign=-1.0, shape="hw")
+    model.train()
+    with maps.attached(model):
+        model.body[:2](x)
+        maps.on_step(1.0)
+    assert maps.maps[0].shape == (8, 8)  # H×W, as the paper types M
+    captured = {}
+    handle = model.body[1].register_forward_hook(lambda m, i, o: captured.__setitem__("plain", o.clone()))
+    with maps.attached(model):
+        out = model.body[:2](x)
+    handle.remove()
+    keep = keep_mask(maps.maps[0])
+    assert 0 < keep.float().mean() < 1
+    assert torch.equal(out, captured["plain"] * keep)  # the same H×W mask in every channel
