@@ -68,10 +68,12 @@ personal reading each client then shares nothing but the federated features),
 
 Defaults are the configuration of ``benchmarks/mupfl`` (chosen on validation data there:
 BAVD ψ reversed, rescaled, last activation; α 0.25, τ 50; features N(0, 0.1²) matched at
-lr 100), except ``reading`` and ``pkcf_order``, which follow the text above and await the
-validation runs of ``benchmarks/mupfl/validation2_fmnist.toml``. Runs made before these
-defaults name the earlier values in their ``config.json`` (``reading = "global-start"``,
-``pkcf_order = "before-local"``, ...).
+lr 100), except ``reading`` and ``pkcf_order``, which follow the text above. All of them await
+``benchmarks/mupfl/validation2_fmnist.toml`` (40 rounds on validation data): short probes there
+point against the new reading and order at round 4 (``reading_probe.json``) and against the
+BAVD default from a trained model (``bavd_validation_warm3_*.json``); the README has the
+numbers. Runs made before these defaults name the earlier values in their ``config.json``
+(``reading = "global-start"``, ``pkcf_order = "before-local"``, ...).
 """
 
 from __future__ import annotations

@@ -11,7 +11,9 @@ At evaluation the layer is the identity.
 
 The text leaves open what exactly is compared with μ, and each reading is an option:
 
-- ``mask = "map"`` (default, the reading validated by ``benchmarks/mupfl/bavd_validation.py``):
+- ``mask = "map"`` (default, the reading chosen by ``benchmarks/mupfl/bavd_validation.py`` from
+  the initial model; from a model trained 3 rounds it scores worst, rescaled, of all variants,
+  and validation2 decides):
   positions whose *normalised map value* is below μ are zeroed, the same positions for every
   sample. "Activation values h_icbd below this threshold μ_i are zeroed (h_icbd → 0) within
   the forward pass feature map M^norm_i" read as "the positions of M^norm_i below μ_i".
