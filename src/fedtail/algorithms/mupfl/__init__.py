@@ -1,29 +1,79 @@
 """MuPFL: Multi-level personalised FL for non-IID, long-tailed data.
 
 Zhang et al., "Multi-level Personalized Federated Learning on Heterogeneous and Long-Tailed
-Data", IEEE TMC 2024 (mupfl.txt, Sec. 3.3–3.5, Algorithm 1). One round, for sampled client i:
+Data", IEEE TMC 2024 (mupfl.txt, Sec. 3.3–3.5, Algorithm 1). One round t, sampled clients S_t:
 
-1. PKCF pre-training (Eq. 21): the client starts from the global body with its own classifier
-   (the global one the first time) and trains the classifier τ epochs on the server's
-   federated features h_glo. This is w_i^(t−1).
-2. Local training with BAVD (Eq. 6, :mod:`.bavd`) for E epochs: w_i^t, Δw_i = w_i^t − w_i^(t−1).
-   The client keeps w_i^t as its personalised model and computes per-class classifier
-   gradients z_i^k on real features (Eq. 16); it uploads w_i^t, Δw_i, its map M_i and z_i.
-3. ACMU at the edge servers (Eq. 7–14, :mod:`.acmu`): cluster, in-cluster update w̃_i, and
-   forward Σ n_i·w̃_i; the server's sample-weighted mean is the global model (Eq. 15).
-4. PKCF at the server (Eq. 17–20): per-class mean of z over the clients holding the class;
-   the federated features are optimised so the global classifier's gradients on them match
-   in cosine distance (shared with CReFF: :mod:`fedtail.algorithms.federated_features`).
-   As Algorithm 1 has it, z_i comes from the client's model after local training while the
-   matching uses the new global classifier; CReFF instead uses one classifier on both sides.
+1. Local training with BAVD (Eq. 6, :mod:`.bavd`) for E epochs from the client's starting
+   model w_i^(t−1) (see *reading*): w_i^t and Δw_i = w_i^t − w_i^(t−1) (Eq. 7). The client
+   also computes per-class classifier gradients z_i^k on real features (Eq. 16) and uploads
+   w_i^t, Δw_i, its map M_i and z_i.
+2. ACMU at the edge servers (Eq. 8–14, :mod:`.acmu`): Dist(i, j) = α·cos(Δw_i, Δw_j) +
+   (1 − α)·cos(M_i, M_j), k-means for κ ∈ [κ_min, κ_max] chosen by the silhouette, then
+   w̃_i = w_i^(t−1) + (1/|C_l|) Σ_{j∈C_l} Δw_j (Eq. 14); the server's sample-weighted mean of
+   the w̃_i is the global model w_global = Σ (n_i/n)·w̃_i (Eq. 15).
+3. PKCF at the server (Eq. 17–20): per-class mean of z over the clients holding the class;
+   m federated features per class are optimised so the global classifier's gradients on them
+   match in cosine distance (shared with CReFF: :mod:`fedtail.algorithms.federated_features`).
+   A client trains its classifier τ epochs on them (Eq. 21; see *PKCF order*).
 
-Personalised accuracy evaluates each client's own model (w_i^t of its last round), or the
-global model for a client never sampled. Interpretations where the paper is silent (each
-named option): the map is per position C×H×W and ψ's sign is ``psi_sign``; Δw is measured
-from the model after PKCF pre-training; the whole head is the "local classifier" kept by the
-client; Dist is a similarity, so the silhouette uses 1 − Dist. Ablations of Table VI:
-``--set mupfl.bavd=false`` (plain training; ACMU then compares updates only),
-``mupfl.acmu=false`` (w̃_i = w_i: plain weighted mean), ``mupfl.pkcf=false``.
+**Reading** (``reading``, issue 16). ``"personal"`` (an option until validated; see the defaults below): each client keeps a personal
+model, starts its local training from it, and Eq. 14's w̃_i becomes that model; the global
+model of Eq. 15 is only the starting model of clients never sampled (and PKCF's classifier).
+The sentences that decide: Algorithm 1 line 6, "w_i^(t) ← CLIENTUPDATE(k, D_i, M_i0,
+w_i^(t−1))" (the client's own previous model, not w_global^(t−1)); line 29 / Eq. 14,
+"w̃_i^(t) = w_i^(t−1) + (1/|C_l|) Σ Δw_κ^(t)", "a more ideal updated local model w̃_i^(t)"
+(Sec. 3.4); and the introduction's ACMU, "employing cosine similarity to guide cluster
+formation for personalized model updates". Under the other reading a cluster's mean update
+only reweights the updates FedAvg averages, so ACMU does not personalise at all (Table V's
+flat κ row in ``benchmarks/mupfl/RESULTS.md``). ``"global-start"`` (the earlier reading, kept
+as an option): a client starts from the global body with its own classifier and keeps its
+trained w_i^t; w̃_i only feeds the average. It follows Sec. 3.5, "After classifier tuning,
+client i will use the new parameters w_i^{t+1} = (u_i^{t+1}, v_glo^{t+1}) for local model
+training" (own classifier, global rest).
+
+How w̃_i reaches client i: in the same round. The edge returns each w̃_i beside its
+aggregate, and the server sends it back in a second exchange (``personalise``, one message per
+participant), so the model evaluated after round t is w̃_i^t and the client's next
+CLIENTUPDATE starts from it, as Algorithm 1 line 6 asks. Keeping w̃_i on the server until the
+client's next participation would evaluate w_i^t instead of w̃_i^t and would hold N models
+on the server; the simulator has no edge → client link, so the server relays (the edge →
+server bytes include the relayed models). With ``acmu = false`` w̃_i = w_i^t, which the
+client already holds, so nothing is sent back. A client with a personal model is sent no
+global model in ``fit`` (it would not use it).
+
+**PKCF order** (``pkcf_order``). ``"after-aggregation"`` (default): Algorithm 1 runs PKCF after
+the global update ("9: w_global^(t) ← Σ (n_i/n)·w̃_i^(t)", "10: PKCF(z_i)"), whose last step
+is "return h_glo^{t+1} to selected clients ▷ On client Each client using h_glo^{t+1} to
+pre-train local classifier". The round's participants receive the new features with their
+w̃_i, train the classifier τ epochs, and keep that model: it is what is evaluated and what
+their next local training starts from ("After classifier tuning, client i will use the new
+parameters ... for local model training", Sec. 3.5). Sec. 4.5's τ study ("surpassing
+approximately 100 training rounds overgeneralizes the classifier, diminishing its local
+dataset recognition capability") only makes sense if the tuned classifier reaches the
+evaluated model. ``"before-local"`` (the earlier order, kept as an option): the features
+go out with the next ``fit`` ("the server distributes h_glo^{t+1} to selected clients for
+local classifier tuning in the next round t+1") and the client tunes its classifier just
+before its E local epochs, which train over the calibration before anything evaluates it
+(issue 16: at round 4, balanced-test accuracy 65.7 % → 76.3 % after PKCF, 67.9 % after the
+local epochs).
+
+Other interpretations where the paper is silent (each a named option): BAVD's mask, map,
+shape, sign and rescaling (:mod:`.bavd`); Δw is measured from the model the local training
+starts from (after PKCF tuning in the before-local order); the whole head is the "local
+classifier" a global-start client keeps; Dist is a similarity, so the silhouette uses
+1 − Dist. Ablations of Table VI: ``--set mupfl.bavd=false`` (plain training; ACMU then
+compares updates only), ``mupfl.acmu=false`` (w̃_i = w_i: plain weighted mean; with the
+personal reading each client then shares nothing but the federated features),
+``mupfl.pkcf=false``.
+
+Defaults are the configuration ``benchmarks/mupfl`` validated and ran (BAVD ψ reversed,
+rescaled, last activation; α 0.25, τ 50; features N(0, 0.1²) matched at lr 100;
+``reading = "global-start"``, ``pkcf_order = "before-local"``). The personal reading and PKCF
+after aggregation, which the text above argues for, are options until
+``benchmarks/mupfl/validation2_fmnist.toml`` (40 rounds on validation data) decides: short
+probes point against them at round 4 (``reading_probe.json``: 82.4 % for the defaults, 76.3 %
+for both new readings) and against the BAVD default from a trained model
+(``bavd_validation_warm3_*.json``); the README has the numbers.
 
 Missing replies (``--dropout``, rejected replies): each edge clusters and reduces the replies it
 received (:mod:`.acmu`); an edge none of whose clients replied forwards nothing, and the global
@@ -62,34 +112,59 @@ MAP = "bavd/map"
 GRAD = "pkcf/grad."  # + "weight" / "bias" / "classes" (client upload: present classes only)
 PRESENT = "pkcf/present"  # edge forward: per class, how many of the edge's clients hold it
 FEATURES, LABELS = "pkcf/features", "pkcf/labels"
+AGGREGATE = -1  # an edge's aggregate among its forwards; the others are keyed by client id (>= 0)
 
 
 class MuPFLConfig(AlgorithmConfig):
+    reading: Literal["personal", "global-start"] = Field(
+        "global-start",
+        description="personal: a client trains from its own model and keeps Eq. 14's w̃_i (Algorithm 1); "
+        "global-start: from the global body with its own classifier, w̃_i only feeds the average",
+    )
+    pkcf_order: Literal["after-aggregation", "before-local"] = Field(
+        "before-local",
+        description="after-aggregation: participants tune their classifier on the new features at the end of "
+        "the round (Algorithm 1 line 10) and are evaluated on it; before-local: at their next fit, before training",
+    )
     bavd: bool = Field(True, description="BAVD dropout in local training (Sec. 3.3)")
     acmu: bool = Field(True, description="ACMU clustering at the edge tier (Sec. 3.4)")
-    pkcf: bool = Field(True, description="PKCF classifier pre-training on federated features (Sec. 3.5)")
+    pkcf: bool = Field(True, description="PKCF classifier tuning on federated features (Sec. 3.5)")
     bavd_layers: list[int] | None = Field(
-        None, description="indices of the body's activation layers followed by BAVD (None: all)"
+        default_factory=lambda: [-1],
+        description="indices of the body's activation layers followed by BAVD (None: all; -1: the last)",
     )
-    psi_sign: Literal[1, -1] = Field(1, description="ψ = sign·(ℓ(λ) − ℓ(λ−1)); +1 is Eq. 6 as written")
-    bavd_rescale: bool = Field(False, description="divide kept activations by the kept fraction (inverted dropout)")
-    alpha: float = Field(0.5, ge=0, le=1, description="weight of the update term in Dist (Eq. 8)")
+    bavd_mask: Literal["map", "value"] = Field(
+        "map", description="zero positions whose normalised map is below its mean (map), or activations whose "
+        "own normalised value is (value); see bavd.py"
+    )
+    bavd_map: Literal["accumulated", "batch"] = Field(
+        "accumulated", description="mask from the Eq. 6 map accumulated over steps and rounds, or from this batch alone"
+    )
+    bavd_map_shape: Literal["chw", "hw"] = Field("chw", description="one map value per C×H×W position, or per H×W")
+    psi_sign: Literal[1, -1] = Field(-1, description="ψ = sign·(ℓ(λ) − ℓ(λ−1)); +1 is Eq. 6 as written")
+    bavd_rescale: bool = Field(True, description="divide kept activations by the kept fraction (inverted dropout)")
+    alpha: float = Field(0.25, ge=0, le=1, description="weight of the update term in Dist (Eq. 8)")
     kappa: int | None = Field(None, ge=1, description="fixed number of clusters (Table V); None: adaptive")
     kappa_min: int = Field(2, ge=2)
     kappa_max: int = Field(6, ge=2)
     num_features: int = Field(100, ge=1, description="m: federated features per class")
-    tau: int = Field(100, ge=0, description="τ: classifier pre-training epochs on the features")
+    tau: int = Field(50, ge=0, description="τ: classifier tuning epochs on the features")
     pkcf_lr: float = Field(0.01, gt=0)
     pkcf_batch: int = Field(32, ge=1)
     match_iterations: int = Field(100, ge=1, description="feature-matching SGD steps per round")
-    match_lr: float = Field(0.1, gt=0, description="feature-matching lr (CReFF's 0.1; see creff.py on feature size)")
-    feature_init_std: float = Field(1.0, gt=0, description="std of the features' initial N(0, σ²) draw (CReFF's 1)")
+    match_lr: float = Field(100.0, gt=0, description="feature-matching lr (chosen on validation data; CReFF's is 0.1)")
+    feature_init_std: float = Field(0.1, gt=0, description="std of the features' initial N(0, σ²) draw (CReFF's 1)")
 
     @model_validator(mode="after")
     def _range(self) -> "MuPFLConfig":
         if self.kappa_min > self.kappa_max:
             raise ValueError(f"kappa_min ({self.kappa_min}) must not exceed kappa_max ({self.kappa_max})")
         return self
+
+
+def model_part(tensors: Tensors) -> Tensors:
+    """The model's own entries of a payload (named tensors without a ``/``)."""
+    return {k: v for k, v in tensors.items() if "/" not in k}
 
 
 class MuPFLServer(ServerHalf):
@@ -111,28 +186,42 @@ class MuPFLServer(ServerHalf):
                 init_std=opts.feature_init_std,
             )
         self.matched = False  # features are sent only once they carry knowledge
+        # Clients whose fit was accepted hold a personal model; with the personal reading they
+        # are sent no global model (they start from their own).
+        self.personal_clients: list[int] = []
+
+    def _features(self) -> Tensors:
+        """The federated features for classifier tuning, once matched and if τ > 0 (else nothing)."""
+        if self.features is None or not self.matched or self.ctx.options.tau == 0:
+            return {}
+        return {FEATURES: self.features.features, LABELS: self.features.labels}
 
     def run_round(self, rnd: int, clients: list[int], comm: Comm) -> None:
-        tensors = dict(self.weights)
-        if self.features is not None and self.matched:
-            tensors |= {FEATURES: self.features.features, LABELS: self.features.labels}
-        forwarded = comm.exchange_via_edges({cid: Message("fit", tensors) for cid in clients})
+        opts: MuPFLConfig = self.ctx.options
+        known = set(self.personal_clients) if opts.reading == "personal" else set()
+        before = self._features() if opts.pkcf_order == "before-local" else {}
+        fit = {cid: Message("fit", ({} if cid in known else dict(self.weights)) | before) for cid in clients}
+        forwarded = comm.exchange_via_edges(fit)
 
         mean = WeightedMean()
         grad_sum: Tensors = {}
         holders: torch.Tensor | None = None
         records = []
         full = full_record(self.ctx.config, rnd)
+        personal: dict[int, Tensors] = {}  # Eq. 14's w̃_i per client (personal reading with ACMU)
+        participants: list[int] = []  # the clients whose replies the edges reduced
         for edge_id, by_key in forwarded.items():
-            msg = by_key[edge_id]
+            msg = by_key[AGGREGATE]
             mean.add({k: msg.tensors[k] for k in self.weights}, msg.metrics["weight"])
             records.append(_acmu_record(edge_id, msg, full))
+            participants += msg.tensors["acmu/clients"].tolist()
+            personal |= {cid: m.tensors for cid, m in by_key.items() if cid != AGGREGATE}
             if self.features is not None:
                 for part in ("weight", "bias"):
                     g = msg.tensors[GRAD + part]
                     grad_sum[part] = grad_sum[part] + g if part in grad_sum else g.clone()
                 holders = msg.tensors[PRESENT] if holders is None else holders + msg.tensors[PRESENT]
-        self.weights = mean.result()
+        self.weights = mean.result()  # Eq. 15
         logs: dict = {"acmu": records}
         if self.features is not None and holders is not None:
             present = holders > 0
@@ -140,22 +229,31 @@ class MuPFLServer(ServerHalf):
             real = {k: g / count.reshape(-1, *([1] * (g.dim() - 1))) for k, g in grad_sum.items()}
             model = self.ctx.model()
             model.load_state_dict(self.weights)
-            before, after = self.features.match(model.classifier, real, present)
+            before_loss, after_loss = self.features.match(model.classifier, real, present)
             self.matched = True
-            logs["pkcf_match"] = [before, after]
+            logs["pkcf_match"] = [before_loss, after_loss]
+
+        participants = sorted(participants)
+        after = self._features() if opts.pkcf_order == "after-aggregation" else {}
+        followup = {cid: dict(personal.get(cid, {})) | after for cid in participants}
+        followup = {cid: t for cid, t in followup.items() if t}
+        if followup:
+            comm.exchange({cid: Message("personalise", t) for cid, t in followup.items()})
+        self.personal_clients = sorted(set(self.personal_clients) | set(participants))
         comm.log(**logs)
 
     def global_weights(self) -> Tensors:
         return self.weights
 
     def state_dict(self) -> dict:
-        state = {"weights": self.weights, "matched": self.matched}
+        state = {"weights": self.weights, "matched": self.matched, "personal_clients": list(self.personal_clients)}
         if self.features is not None:
             state["features"] = self.features.state_dict()
         return state
 
     def load_state_dict(self, state) -> None:
         self.weights, self.matched = state["weights"], state["matched"]
+        self.personal_clients = list(state["personal_clients"])
         if self.features is not None:
             self.features.load_state_dict(state["features"])
 
@@ -173,12 +271,16 @@ def _acmu_record(edge_id: int, msg: Message, full: bool) -> dict:
 
 
 class ACMUEdge(EdgeHalf):
-    """An edge server: clusters its clients' updates and forwards one aggregate (Eq. 14–15)."""
+    """An edge server: clusters its clients' updates and forwards one aggregate (Eq. 14–15).
+
+    With the personal reading it also forwards each client's w̃_i (keyed by client id), which
+    the server sends back to that client.
+    """
 
     def reduce(self, edge_id: int, replies: dict[int, Message]) -> dict[int, Message]:
         opts: MuPFLConfig = self.ctx.options
         cids = sorted(replies)
-        model_keys = [k for k in replies[cids[0]].tensors if "/" not in k]
+        model_keys = list(model_part(replies[cids[0]].tensors))
         weights = [{k: replies[c].tensors[k] for k in model_keys} for c in cids]
         deltas = [{k: replies[c].tensors[DELTA + k] for k in model_keys} for c in cids]
         keys = float_keys(weights[0])
@@ -214,7 +316,10 @@ class ACMUEdge(EdgeHalf):
                     tensors[GRAD + part] = tensors[GRAD + part] + g if GRAD + part in tensors else g
                 tensors[PRESENT] = tensors.get(PRESENT, 0) + present.to(torch.float32)
         metrics = {"weight": float(sum(sizes)), "kappa": float(kappa), "silhouette": float(silhouette)}
-        return {edge_id: Message("edge", tensors, metrics=metrics)}
+        out = {AGGREGATE: Message("edge", tensors, metrics=metrics)}
+        if opts.reading == "personal" and opts.acmu:  # without ACMU w̃_i = w_i: the client has it
+            out |= {c: Message("personal", w) for c, w in zip(cids, updated)}
+        return out
 
 
 class MuPFLClient(PersonalClient):
@@ -224,28 +329,44 @@ class MuPFLClient(PersonalClient):
             return opts.bavd_layers
         return list(range(len(activation_modules(ctx.model().body))))
 
+    def _tune(self, msg: Message, ctx: ClientContext) -> None:
+        """PKCF on the client (Eq. 21): τ epochs of the classifier on the federated features."""
+        opts: MuPFLConfig = ctx.options
+        train_classifier(
+            ctx.model().classifier,
+            msg.tensors[FEATURES],
+            msg.tensors[LABELS],
+            epochs=opts.tau,
+            batch_size=opts.pkcf_batch,
+            lr=opts.pkcf_lr,
+            generator=ctx.generator,
+        )
+
     def fit(self, msg: Message, ctx: ClientContext) -> Message:
         opts: MuPFLConfig = ctx.options
         model = ctx.model()
-        global_weights = {k: v for k, v in msg.tensors.items() if "/" not in k}
-        ctx.load(global_weights)
         personal = ctx.state.get("personal")
-        if personal is not None:  # the client's own classifier on the global body
-            ctx.load({k: personal[k] for k in model.head_keys()}, strict=False)
-        if opts.pkcf and FEATURES in msg.tensors and opts.tau > 0:
-            train_classifier(
-                model.classifier,
-                msg.tensors[FEATURES],
-                msg.tensors[LABELS],
-                epochs=opts.tau,
-                batch_size=opts.pkcf_batch,
-                lr=opts.pkcf_lr,
-                generator=ctx.generator,
-            )
+        if opts.reading == "personal" and personal is not None:
+            ctx.load(personal)  # Algorithm 1 line 6: CLIENTUPDATE(..., w_i^(t−1))
+        else:
+            global_weights = model_part(msg.tensors)
+            if not global_weights:
+                raise ValueError("MuPFL fit without a model: the client holds no personal model either")
+            ctx.load(global_weights)
+            if personal is not None:  # global-start: the client's own classifier on the global body
+                ctx.load({k: personal[k] for k in model.head_keys()}, strict=False)
+        if opts.pkcf and FEATURES in msg.tensors:  # the before-local order
+            self._tune(msg, ctx)
         start = ctx.weights()
 
         maps = ActivationMaps.from_state(
-            self._layers(ctx), float(opts.psi_sign), ctx.state.get("bavd"), opts.bavd_rescale
+            self._layers(ctx),
+            float(opts.psi_sign),
+            ctx.state.get("bavd"),
+            opts.bavd_rescale,
+            mask=opts.bavd_mask,
+            source=opts.bavd_map,
+            shape=opts.bavd_map_shape,
         )
         if opts.bavd:
             with maps.attached(model):
@@ -265,10 +386,19 @@ class MuPFLClient(PersonalClient):
             tensors |= pack_class_gradients(grads, present, prefix=GRAD)
         return ctx.reply(tensors)
 
+    def personalise(self, msg: Message, ctx: ClientContext) -> Message:
+        """End of a round: adopt w̃_i (personal reading) and/or tune the classifier (after-aggregation)."""
+        opts: MuPFLConfig = ctx.options
+        ctx.load(model_part(msg.tensors) or ctx.state["personal"])
+        if opts.pkcf and FEATURES in msg.tensors:
+            self._tune(msg, ctx)
+        ctx.state["personal"] = ctx.weights()
+        return ctx.reply()
+
 
 MUPFL = Algorithm(
     name="mupfl",
-    summary="MuPFL (Zhang et al. 2024): BAVD dropout, ACMU edge clustering, PKCF classifier pre-training",
+    summary="MuPFL (Zhang et al. 2024): BAVD dropout, ACMU edge clustering, PKCF classifier tuning",
     server=MuPFLServer,
     client=MuPFLClient,
     config=MuPFLConfig,

@@ -2,15 +2,45 @@
 
 Each client keeps one activation map per BAVD layer, accumulated over its training steps λ:
 
-    M^(0) = h̄^(0),    M^(λ) = M^(λ−1) + ψ^(λ) · h̄^(λ),    ψ^(λ) = s · (ℓ^(λ) − ℓ^(λ−1)),
+    M^(0) = h̄^(0),    M^(λ) = M^(λ−1) + ψ^(λ) · h̄^(λ),    ψ^(λ) = s · (ℓ^(λ) − ℓ^(λ−1)),     (Eq. 6)
 
-where h̄ is the layer's activation averaged over the batch (a C×H×W map: the paper types M as
-H×W, but a per-position map is the reading that lets positions be dropped individually) and
-s = ``psi_sign`` (+1 is the equation as written; the prose suggests the opposite reading, so the
-sign is an option). In training, the map is min–max normalised, its mean is the threshold,
-and activations at positions below the threshold are zeroed; at evaluation the layer is the
-identity. The map persists across rounds (it lives in the client's state) and is uploaded
-for ACMU's similarity.
+where h̄ is the layer's activation averaged over the batch and s = ``psi_sign`` (+1 is the
+equation as written). The map is min–max normalised and its mean μ is the threshold. The map
+persists across rounds (it lives in the client's state) and is uploaded for ACMU's similarity.
+At evaluation the layer is the identity.
+
+The text leaves open what exactly is compared with μ, and each reading is an option:
+
+- ``mask = "map"`` (default, the reading chosen by ``benchmarks/mupfl/bavd_validation.py`` from
+  the initial model; from a model trained 3 rounds it scores worst, rescaled, of all variants,
+  and validation2 decides):
+  positions whose *normalised map value* is below μ are zeroed, the same positions for every
+  sample. "Activation values h_icbd below this threshold μ_i are zeroed (h_icbd → 0) within
+  the forward pass feature map M^norm_i" read as "the positions of M^norm_i below μ_i".
+  With an accumulated map this is close to a fixed mask (issue 16: 80–97 % agreement with
+  "keep the top third of the mean activation").
+- ``mask = "value"``: each activation is compared with μ by its *own value*, min–max normalised
+  within its H×W slice (per sample and channel; per sample for a flat layer), so every input
+  keeps its own highest activations. The sentences that decide for it: BAVD "selectively
+  preserves features with the highest values based on a client-specific activation map"
+  (Sec. 3.3), "Activation values h_icbd below this threshold μ_i are zeroed" (the values, not
+  the map), "topK algorithm conducts a partial sort to locate the top K values in each H×W area
+  of the batch and channel dimensions ... across all B×C slices" (Sec. 3.6: a per-sample,
+  per-channel selection), and the motivating variant of FedAvg "which retains only high
+  activation values" (Sec. 3.1). The map then sets how much is kept (μ), not where.
+- ``source = "batch"``: the mask comes from this batch's mean activation alone (M^(0) of
+  Eq. 6 every step) instead of the accumulated map; the uploaded map still follows Eq. 6.
+- ``shape = "hw"``: the map is averaged over channels, H×W as the paper types M; ``"chw"``
+  (default) keeps one value per position of every channel.
+- ``psi_sign``: the prose says "A negative coefficient ψ indicates detrimental prediction
+  outcomes, while a positive coefficient ψ signifies contribution to model training", the
+  opposite of ℓ^(λ) − ℓ^(λ−1) (a rising loss gives a positive ψ), so the sign is an option.
+- ``rescale``: divide the kept activations by the kept fraction (inverted dropout, as the
+  dropout layer BAVD replaces does).
+
+The map accumulates the activation before masking, so a dropped position can recover.
+Implemented with forward hooks on the body's activation modules, so any model works without
+rebuilding it and the state_dict keys do not change.
 
 Implemented with forward hooks on the body's activation modules, so any model works
 without rebuilding it and the state_dict keys do not change.
@@ -22,12 +52,16 @@ change), and its next training continues them.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Iterator, Literal
 
 import torch
 from torch import nn
 
 ACTIVATIONS = (nn.ReLU, nn.LeakyReLU, nn.GELU, nn.SiLU, nn.ReLU6)
+
+Mask = Literal["map", "value"]
+Source = Literal["accumulated", "batch"]
+Shape = Literal["chw", "hw"]
 
 
 def activation_modules(body: nn.Module) -> list[nn.Module]:
@@ -35,14 +69,45 @@ def activation_modules(body: nn.Module) -> list[nn.Module]:
     return [m for m in body.modules() if isinstance(m, ACTIVATIONS)]
 
 
-def keep_mask(activation_map: torch.Tensor) -> torch.Tensor:
-    """Positions whose min–max normalised map value reaches the map's mean (Sec. 3.3)."""
-    low, high = activation_map.min(), activation_map.max()
+def normalise(x: torch.Tensor) -> torch.Tensor | None:
+    """Min–max normalised to [0, 1], or None for a flat tensor (no preference)."""
+    low, high = x.min(), x.max()
     span = high - low
-    if span <= 0:  # a flat map carries no preference: keep everything
+    if span <= 0:
+        return None
+    return (x - low) / span
+
+
+def threshold(activation_map: torch.Tensor) -> float:
+    """μ: the mean of the min–max normalised map (0 for a flat map: everything is kept)."""
+    normalised = normalise(activation_map)
+    return 0.0 if normalised is None else float(normalised.mean())
+
+
+def keep_mask(activation_map: torch.Tensor) -> torch.Tensor:
+    """Positions whose min–max normalised map value reaches the map's mean (``mask = "map"``)."""
+    normalised = normalise(activation_map)
+    if normalised is None:  # a flat map carries no preference: keep everything
         return torch.ones_like(activation_map, dtype=torch.bool)
-    normalised = (activation_map - low) / span
     return normalised >= normalised.mean()
+
+
+def value_mask(h: torch.Tensor, mu: float) -> torch.Tensor:
+    """Activations whose value, min–max normalised within its slice, reaches μ (``mask = "value"``).
+
+    A slice is one sample's H×W plane of one channel (Sec. 3.6's B×C slices), or one sample's
+    features for a flat layer. A flat slice keeps everything.
+    """
+    dims = tuple(range(2, h.dim())) if h.dim() > 2 else (1,)
+    low, high = h.amin(dim=dims, keepdim=True), h.amax(dim=dims, keepdim=True)
+    span = high - low
+    normalised = (h - low) / span.clamp_min(torch.finfo(h.dtype).tiny)
+    return (normalised >= mu) | (span <= 0)
+
+
+def channel_mean(x: torch.Tensor) -> torch.Tensor:
+    """A per-sample-averaged C×H×W activation as an H×W map (``shape = "hw"``); flat maps unchanged."""
+    return x.mean(0) if x.dim() > 1 else x
 
 
 class ActivationMaps:
@@ -52,10 +117,22 @@ class ActivationMaps:
     Both persist across rounds in the client's state (see :meth:`state` / :meth:`from_state`).
     """
 
-    def __init__(self, layers: list[int], psi_sign: float = 1.0, rescale: bool = False) -> None:
+    def __init__(
+        self,
+        layers: list[int],
+        psi_sign: float = 1.0,
+        rescale: bool = False,
+        *,
+        mask: Mask = "map",
+        source: Source = "accumulated",
+        shape: Shape = "chw",
+    ) -> None:
         self.layers = layers
         self.psi_sign = psi_sign
         self.rescale = rescale
+        self.mask = mask
+        self.source = source
+        self.shape = shape
         self.maps: list[torch.Tensor | None] = [None] * len(layers)
         self.last_loss: float | None = None
         self._batch_means: list[torch.Tensor | None] = [None] * len(layers)
@@ -64,15 +141,18 @@ class ActivationMaps:
     def state(self) -> dict:
         return {"maps": self.maps, "last_loss": self.last_loss}
 
+    def load(self, state: dict | None) -> "ActivationMaps":
+        """Continue from a client's stored maps (copies: the stored state is not changed)."""
+        if state:
+            self.maps = [None if m is None else m.clone() for m in state["maps"]]
+            self.last_loss = state["last_loss"]
+        return self
+
     @classmethod
     def from_state(
-        cls, layers: list[int], psi_sign: float, state: dict | None, rescale: bool = False
+        cls, layers: list[int], psi_sign: float, state: dict | None, rescale: bool = False, **reading
     ) -> "ActivationMaps":
-        maps = cls(layers, psi_sign, rescale)
-        if state:
-            maps.maps = [None if m is None else m.clone() for m in state["maps"]]
-            maps.last_loss = state["last_loss"]
-        return maps
+        return cls(layers, psi_sign, rescale, **reading).load(state)
 
     def flat(self) -> torch.Tensor:
         """All maps as one vector (what ACMU compares); empty before the first step."""
@@ -80,18 +160,25 @@ class ActivationMaps:
         return torch.cat(parts) if parts else torch.zeros(0)
 
     # -- training -----------------------------------------------------------------------------
+    def _keep(self, output: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
+        if self.mask == "value":
+            return value_mask(output.detach(), threshold(reference))
+        return keep_mask(reference)  # C×H×W, or H×W broadcast over the channels
+
     def _hook(self, k: int):
         def hook(module: nn.Module, inputs, output: torch.Tensor):
             if not module.training:
                 return None  # identity at evaluation
-            # The map accumulates the activation before masking, so a dropped position can recover.
-            self._batch_means[k] = output.detach().mean(dim=0)
-            current = self.maps[k]
-            if current is None:
-                return None  # λ = 0: no map yet, nothing to drop
-            keep = keep_mask(current).to(output.dtype)
+            mean = output.detach().mean(dim=0)
+            if self.shape == "hw":
+                mean = channel_mean(mean)
+            self._batch_means[k] = mean
+            reference = mean if self.source == "batch" else self.maps[k]
+            if reference is None:
+                return None  # λ = 0 of an accumulated map: no map yet, nothing to drop
+            keep = self._keep(output, reference).to(output.dtype)
             if self.rescale:
-                keep = keep / keep.mean()
+                keep = keep / keep.mean().clamp_min(torch.finfo(keep.dtype).tiny)
             return output * keep
 
         return hook
