@@ -274,3 +274,17 @@ def test_flower_local_takes_every_run_flag_and_checks_them_before_starting(tmp_p
                     "--out", tmp_path / "r")  # fmt: skip
     assert result.exit_code == 2 and "--nodes 9 exceeds the 6 clients" in result.output
     assert not (tmp_path / "r" / "flower").exists()  # nothing was started
+
+
+def test_a_plugin_algorithm_runs_on_flower_as_in_the_simulator(tmp_path, monkeypatch):
+    """An algorithm by import path (examples/my_fedprox.py on the path): the nodes resolve it too."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "examples"))
+    from fedtail.components import build_config
+    from conftest import tiny_raw
+
+    config = build_config(tiny_raw(algorithm="my_fedprox:ALGORITHM", rounds=2, options={"mu": 0.1}))
+    summary, rows, _ = run_with_summary(config)
+    grid = InProcessGrid(nodes(tmp_path, {"clients": "0-2"}, {"clients": "3-5"}), rc := run_config(config, tmp_path / "run"))
+    flower_summary = serve(grid, rc)
+    assert strip_timing(rows_of(tmp_path / "run")) == as_json(strip_timing(rows))
+    assert flower_summary["final"] == json.loads(json.dumps(summary["final"]))
