@@ -95,6 +95,9 @@ def run(
     algorithm: Optional[str] = typer.Option(None, "--algorithm", "-a", help="algorithm name (see `fedtail list`)"),
     dataset: Optional[str] = typer.Option(None, help="dataset name"),
     model: Optional[str] = typer.Option(None, help="model name"),
+    head: Optional[str] = typer.Option(
+        None, help="last | all-fc: where the model's head starts (default: the algorithm's reference split)"
+    ),
     partition: Optional[str] = typer.Option(None, help="iid | dirichlet | pathological | dominant | stages"),
     imbalance: Optional[float] = typer.Option(None, help="long-tail imbalance factor IF >= 1"),
     alpha: Optional[float] = typer.Option(None, help="Dirichlet concentration > 0"),
