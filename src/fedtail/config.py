@@ -383,6 +383,7 @@ FLAG_KEYS: dict[str, tuple[str, ...]] = {
     "momentum": ("train", "momentum"),
     "weight_decay": ("train", "weight_decay"),
     "lr_decay": ("train", "lr_decay"),
+    "grad_clip": ("train", "grad_clip"),
     "seed": ("seed",),
     "workers": ("workers",),
     "threads": ("threads",),
@@ -441,14 +442,46 @@ def merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def build_config(raw: dict[str, Any], sets: list[str] = (), rounds: bool = True) -> RunConfig:
+def apply_reference(raw: dict[str, Any]) -> None:
+    """Fill what ``raw`` leaves unset with its algorithm's reference settings, in place.
+
+    The algorithm's :class:`~fedtail.algorithms.base.Reference` (how its reference code runs it)
+    gives the head split (``head``), ``train.momentum``, ``train.grad_clip`` and any algorithm
+    options whose reference value differs from the option's default. Keys the run sets, even to
+    the fedtail default, are kept. The filled values become explicit in the config (and so in
+    ``config.json``), so a stored config means the same whatever references change later.
+    """
+    from fedtail.algorithms import ALGORITHMS
+
+    spec = ALGORITHMS.get(raw.get("algorithm", RunConfig.model_fields["algorithm"].default))
+    if spec is None:  # an unknown algorithm is reported by the validation
+        return
+    ref = spec.reference
+    if ref.head is not None:
+        raw.setdefault("head", ref.head)
+    train = raw.setdefault("train", {})
+    if isinstance(train, dict):  # anything else is reported by the validation
+        train.setdefault("momentum", ref.momentum)
+        train.setdefault("grad_clip", ref.grad_clip)
+    options = raw.setdefault("options", {})
+    if isinstance(options, dict):
+        for key, value in ref.options.items():
+            options.setdefault(key, value)
+
+
+def build_config(raw: dict[str, Any], sets: list[str] = (), rounds: bool = True, reference: bool = True) -> RunConfig:
     """Validate a raw (file + flags) dict after applying ``--set`` overrides.
 
+    ``reference`` fills what the run leaves unset with its algorithm's reference settings
+    (:func:`apply_reference`); ``reference=False`` reads ``raw`` literally, as a stored
+    ``config.json`` must be read (resuming, a sweep's run process).
     ``rounds=False`` skips the checks of the round schedule (for commands that run no rounds).
     """
     raw = json.loads(json.dumps(raw))  # deep copy; also rejects non-JSON values early
     for assignment in sets:
         apply_set(raw, assignment)
+    if reference:
+        apply_reference(raw)
     try:
         config = RunConfig.model_validate(raw, context={"rounds": rounds})
     except ValidationError as err:

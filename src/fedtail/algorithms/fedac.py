@@ -52,6 +52,9 @@ Interpretations where the paper is silent or inconsistent (each an option or not
   k-means++ centres, while K < ``max_clusters``. With K = 1, Dist_inter is undefined and CNT
   does nothing. Empty clusters after an E-step are dropped.
 - ``similarity=l2`` is the ablation of Sec. 5.4 (assignment by the nearest centre in L2).
+
+Model split (reference setting, ``fedtail list``): the embedding φ is all but the last layer
+(the paper), so runs get ``--head last``; for convnet that is the model's own split.
 """
 
 from __future__ import annotations
@@ -65,7 +68,16 @@ from sklearn.cluster import KMeans
 from sklearn.decomposition import PCA
 
 from fedtail.algorithms.aggregate import WeightedMean
-from fedtail.algorithms.base import Algorithm, AlgorithmConfig, Comm, Message, PersonalClient, ServerHalf, Tensors
+from fedtail.algorithms.base import (
+    Algorithm,
+    AlgorithmConfig,
+    Comm,
+    Message,
+    PersonalClient,
+    Reference,
+    ServerHalf,
+    Tensors,
+)
 from fedtail.algorithms.clustering import (
     cluster_means,
     cluster_record,
@@ -334,4 +346,5 @@ FEDAC = Algorithm(
     client=FedACClient,
     config=FedACConfig,
     has_global_model=False,
+    reference=Reference("FedAC's paper (φ: all but the last layer)", head="last"),
 )

@@ -7,12 +7,16 @@ w_k^{t+1}; the server sets
     w^{t+1} = Σ_{k∈S_t} (n_k / n_S) · w_k^{t+1},   n_S = Σ_{k∈S_t} n_k.
 
 Personalised accuracy is the global model evaluated on each client's local test data.
+
+Reference settings (what a run gets unless it sets them; ``fedtail list``): PFLlib's, the
+library FedReMa's code is built on and whose implementations stand for FedReMa's baselines:
+plain SGD (momentum 0), no gradient clipping, the model's own body/head split (unused: the whole model is averaged).
 """
 
 from __future__ import annotations
 
 from fedtail.algorithms.aggregate import WeightedMean
-from fedtail.algorithms.base import Algorithm, ClientHalf, Comm, Message, ServerHalf, Tensors
+from fedtail.algorithms.base import PFLLIB, Algorithm, ClientHalf, Comm, Message, Reference, ServerHalf, Tensors
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -46,4 +50,5 @@ FEDAVG = Algorithm(
     summary="FedAvg (McMahan et al. 2017): sample-weighted average of locally trained models",
     server=FedAvgServer,
     client=FedAvgClient,
+    reference=Reference(PFLLIB),
 )

@@ -36,6 +36,10 @@ Options and *interpretations*:
   FD's federated augmentation (the GAN) is not part of the baseline. λ = 1 (FedReMa).
 
 With λ = 0 every client trains and is evaluated exactly as in ``local``.
+
+Reference settings (what a run gets unless it sets them; ``fedtail list``): PFLlib's, the
+library FedReMa's code is built on and whose implementations stand for FedReMa's baselines:
+plain SGD (momentum 0), no gradient clipping, the model's own body/head split (unused: the logits are the whole model's).
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field
 
-from fedtail.algorithms.base import Algorithm, AlgorithmConfig, Comm, Message, Tensors
+from fedtail.algorithms.base import PFLLIB, Algorithm, AlgorithmConfig, Comm, Message, Reference, Tensors
 from fedtail.algorithms.local import LocalClient, LocalServer
 from fedtail.algorithms.prototypes import ClassMean, ClassStats, Weighting, class_statistics, class_target_loss
 
@@ -172,4 +176,5 @@ FEDDISTILL = Algorithm(
     client=FedDistillClient,
     config=FedDistillConfig,
     has_global_model=False,
+    reference=Reference(PFLLIB),
 )

@@ -11,6 +11,10 @@ here with the run's E epochs of SGD. The server aggregates exactly like FedAvg,
 
 The proximal term limits client drift on heterogeneous data; μ = 0 is FedAvg. The paper tunes μ
 over {0.001, 0.01, 0.1, 1}; the default 0.01 is a mild pull from that grid.
+
+Reference settings (what a run gets unless it sets them; ``fedtail list``): PFLlib's, the
+library FedReMa's code is built on and whose implementations stand for FedReMa's baselines:
+plain SGD (momentum 0), no gradient clipping, the model's own body/head split (unused: the whole model is averaged and pulled).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from typing import TYPE_CHECKING
 import torch
 from pydantic import Field
 
-from fedtail.algorithms.base import Algorithm, AlgorithmConfig, ClientHalf, Message
+from fedtail.algorithms.base import PFLLIB, Algorithm, AlgorithmConfig, ClientHalf, Message, Reference
 from fedtail.algorithms.fedavg import FedAvgServer
 
 if TYPE_CHECKING:
@@ -63,4 +67,5 @@ FEDPROX = Algorithm(
     server=FedAvgServer,
     client=FedProxClient,
     config=FedProxConfig,
+    reference=Reference(PFLLIB),
 )

@@ -13,6 +13,10 @@ current global body and its own head. There is no global model (no global head).
 
 Defaults (*interpretation*): the authors' code trains the head for 10 epochs and the body for 1
 epoch per round; here ``head_epochs`` defaults to the run's --local-epochs and ``body_epochs`` to 1.
+
+Model split and reference settings (``fedtail list``; a run gets them unless it sets them):
+the head is the last linear layer (FedRep's paper: the final layer; PFLlib: ``model.fc``);
+plain SGD (momentum 0), no clipping. ``--head all-fc`` moves every FC layer into the head.
 """
 
 from __future__ import annotations
@@ -22,7 +26,16 @@ from typing import TYPE_CHECKING, Any
 from pydantic import Field
 
 from fedtail.algorithms.aggregate import WeightedMean
-from fedtail.algorithms.base import Algorithm, AlgorithmConfig, ClientHalf, Comm, Message, ServerHalf, Tensors
+from fedtail.algorithms.base import (
+    Algorithm,
+    AlgorithmConfig,
+    ClientHalf,
+    Comm,
+    Message,
+    Reference,
+    ServerHalf,
+    Tensors,
+)
 
 if TYPE_CHECKING:
     from torch import nn
@@ -99,4 +112,5 @@ FEDREP = Algorithm(
     client=FedRepClient,
     config=FedRepConfig,
     has_global_model=False,
+    reference=Reference("FedRep's paper, PFLlib", head="last"),
 )

@@ -3,11 +3,15 @@
 The lower reference of personalised FL. Each client starts from the run's common initial
 model, keeps its weights in its own state, and trains E epochs per round when sampled; the
 same sampling stream as the federated methods keeps training budgets comparable.
+
+Reference settings (what a run gets unless it sets them; ``fedtail list``): PFLlib's, the
+library FedReMa's code is built on and whose implementations stand for FedReMa's baselines:
+plain SGD (momentum 0), no gradient clipping, the model's own body/head split (unused: the whole model is trained).
 """
 
 from __future__ import annotations
 
-from fedtail.algorithms.base import Algorithm, ClientHalf, Comm, Message, ServerHalf
+from fedtail.algorithms.base import PFLLIB, Algorithm, ClientHalf, Comm, Message, Reference, ServerHalf
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -45,4 +49,5 @@ LOCAL = Algorithm(
     server=LocalServer,
     client=LocalClient,
     has_global_model=False,
+    reference=Reference(PFLLIB),
 )

@@ -30,6 +30,12 @@ MOON's own best values are 5 on CIFAR-10 and 1 on CIFAR-100 and Tiny-ImageNet); 
   ``ctx.state["previous"]``), which under partial participation may be several rounds old.
 - the frozen models run in eval mode (BatchNorm with running statistics) and without autograd.
 - μ = 0 still computes the term (with weight 0), so it reproduces FedAvg's training exactly.
+
+Model split and reference settings (``fedtail list``; a run gets them unless it sets them):
+the head is the last linear layer as in PFLlib (``model.fc``), whose implementation stands for
+FedReMa's baseline, so z is the input of that layer (on ``cnn2fc`` FC 512's 512 outputs, not the
+1024-d convolution output the model's own split gives); plain SGD (momentum 0), no clipping.
+PFLlib's τ defaults to 1.0; FedReMa takes unstated values from the methods' papers, so τ = 0.5.
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field
 
-from fedtail.algorithms.base import Algorithm, AlgorithmConfig, ClientHalf, Message
+from fedtail.algorithms.base import PFLLIB, Algorithm, AlgorithmConfig, ClientHalf, Message, Reference
 from fedtail.algorithms.fedavg import FedAvgServer
 
 if TYPE_CHECKING:
@@ -96,4 +102,5 @@ MOON = Algorithm(
     server=FedAvgServer,
     client=MOONClient,
     config=MOONConfig,
+    reference=Reference(PFLLIB, head="last"),
 )

@@ -123,9 +123,12 @@ def run(
     local_steps: Optional[int] = typer.Option(None, help="local SGD steps per round (instead of epochs)"),
     batch_size: Optional[int] = typer.Option(None, help="batch size"),
     lr: Optional[float] = typer.Option(None, help="learning rate"),
-    momentum: Optional[float] = typer.Option(None, help="SGD momentum"),
+    momentum: Optional[float] = typer.Option(None, help="SGD momentum (default: the algorithm's reference)"),
     weight_decay: Optional[float] = typer.Option(None, help="SGD weight decay"),
     lr_decay: Optional[float] = typer.Option(None, help="lr multiplier per round"),
+    grad_clip: Optional[float] = typer.Option(
+        None, help="max gradient norm (default: the algorithm's reference; --set train.grad_clip=null: none)"
+    ),
     seed: Optional[int] = typer.Option(None, help="random seed"),
     workers: Optional[int] = typer.Option(None, help="client-training processes (results do not depend on it)"),
     threads: Optional[int] = typer.Option(None, help="intra-op threads per client computation"),
@@ -173,7 +176,8 @@ def run(
         raw = raw_from_flags(flags, config_file)
         if resume:
             raw = merge(_folder_config(out), raw)
-        config = build_config(raw, set_)
+        # A resumed run's config.json is read as stored: no reference settings are filled in.
+        config = build_config(raw, set_, reference=not resume)
         if is_finished(out) and not overwrite:
             raise FedtailError(
                 f"--out {out} already holds a finished (or diverged) run; pass --overwrite or choose another folder"
@@ -405,20 +409,28 @@ def report(
 
 @app.command("list")
 def list_components() -> None:
-    """Algorithms, datasets, models and partitions, one line each."""
+    """Algorithms, datasets, models and partitions, one line each.
+
+    Under each algorithm, its reference settings (head split, momentum, gradient clipping,
+    options), which a run gets unless it sets them; under each model, its head splits.
+    """
     from fedtail.algorithms import ALGORITHMS
     from fedtail.data import DATASETS
-    from fedtail.models import MODELS
+    from fedtail.models import MODELS, describe_heads
     from fedtail.partition import SCHEMES
 
-    for kind, entries in (
-        ("algorithm", {k: v.summary for k, v in ALGORITHMS.items()}),
-        ("dataset", DATASETS),
-        ("model", MODELS),
-        ("partition", SCHEMES),
+    indent = " " * 28
+    for kind, entries, detail in (
+        ("algorithm", {k: v.summary for k, v in ALGORITHMS.items()}, lambda n: ALGORITHMS[n].reference.describe()),
+        ("dataset", DATASETS, None),
+        ("model", MODELS, describe_heads),
+        ("partition", SCHEMES, None),
     ):
         for name in sorted(entries):
             typer.echo(f"{kind:<10} {name:<16} {entries[name]}")
+            if detail is not None:
+                label = "reference:" if kind == "algorithm" else "head splits:"
+                typer.echo(f"{indent}{label} {detail(name)}")
 
 
 @app.command("partition")
