@@ -119,6 +119,8 @@ def test_what_a_run_sets_wins_over_the_reference():
     assert (config.head, config.train.momentum) == (None, 0.5)
     config = build_config(raw(algorithm="fedrema"), ["train.grad_clip=null", "train.momentum=0", "head=last"])
     assert (config.train.grad_clip, config.train.momentum, config.head) == (None, 0.0, "last")
+    config = build_config(raw(algorithm="perfedavg", options={"beta": 0.001}))
+    assert config.options == {"beta": 0.001, "steps": "pfllib"}
 
 
 def test_a_stored_config_is_read_literally():
