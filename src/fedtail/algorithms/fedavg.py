@@ -10,7 +10,8 @@ Personalised accuracy is the global model evaluated on each client's local test 
 
 Reference settings (what a run gets unless it sets them; ``fedtail list``): PFLlib's, the
 library FedReMa's code is built on and whose implementations stand for FedReMa's baselines:
-plain SGD (momentum 0), no gradient clipping, the model's own body/head split (unused: the whole model is averaged).
+plain SGD (momentum 0), no gradient clipping, the model's own body/head split
+(unused: the whole model is averaged).
 """
 
 from __future__ import annotations

@@ -39,7 +39,8 @@ With λ = 0 every client trains and is evaluated exactly as in ``local``.
 
 Reference settings (what a run gets unless it sets them; ``fedtail list``): PFLlib's, the
 library FedReMa's code is built on and whose implementations stand for FedReMa's baselines:
-plain SGD (momentum 0), no gradient clipping, the model's own body/head split (unused: the logits are the whole model's).
+plain SGD (momentum 0), no gradient clipping, the model's own body/head split
+(unused: the logits are the whole model's).
 """
 
 from __future__ import annotations

@@ -14,7 +14,8 @@ over {0.001, 0.01, 0.1, 1}; the default 0.01 is a mild pull from that grid.
 
 Reference settings (what a run gets unless it sets them; ``fedtail list``): PFLlib's, the
 library FedReMa's code is built on and whose implementations stand for FedReMa's baselines:
-plain SGD (momentum 0), no gradient clipping, the model's own body/head split (unused: the whole model is averaged and pulled).
+plain SGD (momentum 0), no gradient clipping, the model's own body/head split
+(unused: the whole model is averaged and pulled).
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ same sampling stream as the federated methods keeps training budgets comparable.
 
 Reference settings (what a run gets unless it sets them; ``fedtail list``): PFLlib's, the
 library FedReMa's code is built on and whose implementations stand for FedReMa's baselines:
-plain SGD (momentum 0), no gradient clipping, the model's own body/head split (unused: the whole model is trained).
+plain SGD (momentum 0), no gradient clipping, the model's own body/head split
+(unused: the whole model is trained).
 """
 
 from __future__ import annotations
