@@ -99,10 +99,19 @@ def test_missing_config_file(tmp_path):
 def test_list_names_everything():
     res = invoke("list")
     assert res.exit_code == 0
-    kinds = {line.split()[0] for line in res.output.splitlines()}
+    lines = res.output.splitlines()
+    kinds = {line.split()[0] for line in lines if not line.startswith(" ")}
     assert kinds == {"algorithm", "dataset", "model", "partition"}
     for name in ("fedavg", "local", "fmnist", "cnn-fmnist", "resnet8", "dirichlet", "dominant", "stages"):
         assert f" {name} " in res.output
+    # under each algorithm its reference settings, under each model its head splits
+    details = {line.split()[0] for line in lines if line.startswith(" ")}
+    assert details == {"reference:", "head"}
+    after = {lines[i - 1].split()[1]: line.strip() for i, line in enumerate(lines) if line.startswith(" ")}
+    assert after["fedbabu"] == "reference: PFLlib: head last, momentum 0, grad clip none"
+    assert after["fedrema"].endswith("head all-fc, momentum 0.9, grad clip 10")
+    assert 'beta=null, steps="pfllib"' in after["perfedavg"]
+    assert after["cnn2fc"] == "head splits: all-fc (own) = 2 FC, last = 1 FC"
 
 
 def test_partition_command_writes_json_and_png(tmp_path):

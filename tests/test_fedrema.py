@@ -1,5 +1,5 @@
 """FedReMa: MDS, soft logits, the CCP, Eq. 7 / Eq. 10 head aggregation, heads by client id,
-partial participation, the FedAvg ablation, a CLI run, serial = parallel."""
+partial participation, real runs whose CCP ends, the FedAvg ablation, a CLI run, serial = parallel."""
 
 from __future__ import annotations
 
@@ -392,6 +392,81 @@ def test_heads_are_kept_by_client_id_whatever_the_upload_order():
         assert all(torch.allclose(other.body[k], first.body[k]) for k in first.body)
 
 
+# --- the CCP's end and the history map in real runs -----------------------------------------------
+
+# 10 clients in 5 label groups (s = 0.2, 20 samples each), all of them every round
+DOMINANT = {"scheme": "dominant", "num_clients": 10, "groups": 5, "iid_fraction": 0.2, "samples_per_client": 20}
+
+
+def real_run(monkeypatch, **options):
+    """A tiny FedReMa run with real local training; also returns each round's uploaded heads by client."""
+    from fedtail.engine.simulation import SimComm
+
+    uploads: dict[int, dict[int, dict]] = {}
+    accept = SimComm._accept
+
+    def recording(self, answer):
+        head = {k: v.clone() for k, v in answer.reply.tensors.items() if k.startswith("head.")}
+        uploads.setdefault(self.rnd, {})[answer.cid] = head
+        accept(self, answer)
+
+    monkeypatch.setattr(SimComm, "_accept", recording)
+    config = tiny_config(algorithm="fedrema", fraction=1.0, rounds=6, partition=DOMINANT, options=options)
+    rows, sim = run(config)
+    records = [log["fedrema"] for row in rows for log in row["rounds_log"]]
+    return config, sim, records, uploads
+
+
+def test_a_real_run_ends_the_ccp_by_itself_and_then_aggregates_heads_by_G(monkeypatch):
+    # δ = 0.97: in this run the ratio Δs̄^t / max Δs̄ first drops below it in round 3 (0.967)
+    config, sim, records, uploads = real_run(monkeypatch, delta=0.97)
+    delta, n = 0.97, config.partition.num_clients
+    ended = [r.get("ended", False) for r in records]
+    assert ended.count(True) == 1
+    end = ended.index(True)  # 0-based: the CCP's last round is round end + 1
+    assert 1 <= end <= len(records) - 3  # it ended by itself, and Eq. 10 ran in at least two rounds
+    assert all(r["ratio"] >= delta for r in records[:end]) and records[end]["ratio"] < delta
+    assert records[end + 1 :] == [{"ccp": False, "ccp_rounds": end + 1}] * (len(records) - end - 1)
+    srv = sim.server
+    # G counts the MDS sets of the CCP rounds and nothing after
+    G = torch.zeros(n, n, dtype=torch.int64)
+    for record in records[: end + 1]:
+        for k, members in zip(record["clients"], record["sets"]):
+            G[k, members] += 1
+    assert torch.equal(srv.G, G)
+    assert len({tuple(row.tolist()) for row in G}) > 1  # clients weigh their peers differently
+    # the heads after the last round: Eq. 10 over the heads the clients uploaded in it
+    last = uploads[config.rounds]
+    assert sorted(last) == list(range(n))
+    heads = []
+    for k in range(n):
+        weights = G[k].double()
+        expected = {
+            key: sum(weights[j] * last[j][key].double() for j in range(n)) / weights.sum() for key in last[0]
+        }
+        for key, value in expected.items():
+            assert torch.allclose(srv.heads[k][key].double(), value, atol=1e-6), (k, key)
+        assert_same(sim.server.evaluation_message(k).tensors, srv.body | srv.heads[k])  # what k is evaluated with
+        heads.append(srv.heads[k])
+    # personalised: the heads differ between clients and from the FedAvg head of the round
+    assert not torch.allclose(heads[0]["head.weight"], heads[2]["head.weight"], atol=1e-4)
+    assert any(not torch.allclose(h["head.weight"], srv.global_head["head.weight"], atol=1e-4) for h in heads)
+
+
+def test_the_ccp_end_of_any_delta_is_read_from_a_run_that_never_ends_it(monkeypatch):
+    # Before its CCP ends a run with δ is the same as the run with MDS every round (ccp = false),
+    # so that run's ratios give the CCP's end for every δ (how the Fashion-MNIST probe reads it).
+    _, _, always, _ = real_run(monkeypatch, ccp=False)
+    assert all(r["ccp"] and not r["ended"] for r in always)
+    for delta in (0.9, 0.97, 0.99):
+        _, _, records, _ = real_run(monkeypatch, delta=delta)
+        below = [i for i, r in enumerate(always) if r["ratio"] < delta]
+        end = next((i for i, r in enumerate(records) if r.get("ended")), None)
+        assert end == (below[0] if below else None)
+        last = len(records) if end is None else end + 1
+        assert records[:last] == [r | {"ended": i == end} for i, r in enumerate(always[:last])]
+
+
 def test_without_ccp_mds_runs_every_round():
     srv, init = server(ccp=False)
     run_round(srv, init, 1, range(6), {k: grouped(k) for k in range(6)})
@@ -407,7 +482,8 @@ def test_without_ccp_mds_runs_every_round():
 
 
 def test_without_mds_it_is_exactly_fedavg():
-    fed_rows, fedavg = run(tiny_config(algorithm="fedavg"))
+    # FedAvg with FedReMa's reference optimizer (momentum 0.9, clipping at 10), which a FedReMa run gets
+    fed_rows, fedavg = run(tiny_config(algorithm="fedavg", train={"momentum": 0.9, "grad_clip": 10.0}))
     rows, fedrema = run(tiny_config(algorithm="fedrema", options={"mds": False}))
     assert strip_timing(rows) == strip_timing(fed_rows)  # personalised and global rows, logs, bytes
     assert_same(fedrema.server.global_weights(), fedavg.server.weights)

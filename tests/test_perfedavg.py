@@ -1,5 +1,5 @@
-"""Per-FedAvg: the FO and HF meta steps against hand computation, the local schedule,
-adaptation before evaluation, a run."""
+"""Per-FedAvg: the FO and HF meta steps against hand computation, the local schedules (epochs,
+PFLlib's), β = lr, the reference settings, adaptation before evaluation, a run."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from torch.func import functional_call
 
 from conftest import tiny_config
 from fedtail.algorithms.base import ClientHalf, Message
-from fedtail.algorithms.perfedavg import meta_gradient, shuffled_batches
+from fedtail.algorithms.perfedavg import PerFedAvgConfig, meta_gradient, shuffled_batches
 from fedtail.engine.context import ClientContext, derive_seed
 from fedtail.components import algorithm_options
 from helpers import (
@@ -87,7 +87,9 @@ def test_hessian_free_step_equals_the_explicit_hessian_correction():
 
 @pytest.mark.parametrize("variant", ["fo", "hf"])
 def test_client_takes_beta_steps_along_the_meta_gradient(variant):
-    config = tiny_config(algorithm="perfedavg", train={"local_steps": 1}, options={"variant": variant, "beta": 0.1})
+    config = tiny_config(
+        algorithm="perfedavg", train={"local_steps": 1}, options={"variant": variant, "beta": 0.1, "steps": "epochs"}
+    )
     rt = runtime(config)
     cid, start = 3, rt.workspace.init_weights
     answer, state = fit(rt, cid, start)
@@ -108,15 +110,59 @@ def test_client_takes_beta_steps_along_the_meta_gradient(variant):
 
 
 def test_local_steps_share_out_the_epochs_batches():
-    config = tiny_config(algorithm="perfedavg", train={"local_epochs": 2})
+    config = tiny_config(algorithm="perfedavg", train={"local_epochs": 2}, options={"steps": "epochs"})
     rt = runtime(config)
     for cid in range(3):
         n = len(rt.views[cid].train)
         per_epoch = -(-n // config.train.batch_size)
         for variant, k in (("fo", 2), ("hf", 3)):
-            set_options(rt, config, variant=variant)
+            set_options(rt, config, variant=variant, steps="epochs")
             answer, _ = fit(rt, cid, rt.workspace.init_weights)
             assert answer.metrics["num_steps"] == max(1, 2 * per_epoch // k)
+
+
+def test_pfllib_steps_take_two_passes_of_full_chunks():
+    # PFLlib: each epoch cut into k·B-sample chunks (last incomplete one dropped), one step per
+    # chunk split into k disjoint batches of B, the E epochs run twice a round.
+    config = tiny_config(algorithm="perfedavg", train={"local_epochs": 2, "batch_size": 8}, options={"steps": "pfllib"})
+    rt = runtime(config)
+    B, E = config.train.batch_size, config.train.local_epochs
+    checked = 0
+    for cid in range(config.partition.num_clients):
+        n = len(rt.views[cid].train)
+        for variant, k in (("fo", 2), ("hf", 3)):
+            set_options(rt, config, variant=variant, steps="pfllib")
+            answer, _ = fit(rt, cid, rt.workspace.init_weights)
+            chunks = n // (k * B)
+            assert answer.metrics["num_steps"] == 2 * E * max(1, chunks)
+            if chunks:  # every step reads k full batches: B samples each
+                assert answer.metrics["num_samples"] == answer.metrics["num_steps"] * k * B
+                checked += 1
+    assert checked  # some client holds at least one full chunk (the batches read are checked below)
+
+
+def step_batches_of(index, size, generator, k):
+    """What the pfllib rule's first step reads: the first ``size`` of a permutation, in k parts."""
+    order = index[torch.randperm(len(index), generator=generator)]
+    return torch.tensor_split(order[:size], k)
+
+
+def test_null_beta_is_the_runs_learning_rate():
+    config = tiny_config(algorithm="perfedavg", train={"local_steps": 1}, options={"beta": None, "steps": "pfllib"})
+    rt = runtime(config)
+    cid, start = 3, rt.workspace.init_weights
+    answer, _ = fit(rt, cid, start)
+    generator = torch.Generator().manual_seed(derive_seed(config.seed, 1, 0, cid))
+    dataset = rt.workspace.dataset
+    parts = step_batches_of(rt.views[cid].train, 2 * config.train.batch_size, generator, 2)
+    batches = [dataset.batch(dataset.train, part) for part in parts]
+    model = rt.workspace.model("check")
+    model.load_state_dict(start)
+    direction, _ = meta_gradient(model, batches, config.train.lr, hessian=False)
+    for (name, p), d in zip(model.named_parameters(), direction):  # β = α = the run's lr
+        assert torch.allclose(answer.tensors[name], p.detach() - config.train.lr * d, atol=1e-7), name
+    moved = max(float((answer.tensors[n] - start[n]).abs().max()) for n, _ in model.named_parameters())
+    assert moved > 1e-4  # the step is not negligible, so the comparison above could fail
 
 
 # --- evaluation ---------------------------------------------------------------------------------
@@ -165,16 +211,26 @@ def test_evaluation_adapts_with_eval_steps_sgd_steps_of_alpha():
         ("perfedavg.alpha=0", "--set perfedavg.alpha: Input should be greater than 0"),
         ("perfedavg.beta=-0.1", "--set perfedavg.beta: Input should be greater than 0"),
         ("perfedavg.eval_steps=-1", "--set perfedavg.eval_steps: Input should be greater than or equal to 0"),
-        ("perfedavg.delta=0.001", "unknown key; allowed: alpha, beta, eval_steps, variant"),
+        ("perfedavg.steps=tau", "--set perfedavg.steps"),
+        ("perfedavg.delta=0.001", "unknown key; allowed: alpha, beta, eval_steps, steps, variant"),
     ],
 )
 def test_bad_options_are_rejected(assignment, needle):
     assert_config_error("perfedavg", [assignment], needle)
 
 
-def test_defaults():
-    opts = algorithm_options(tiny_config(algorithm="perfedavg"))
-    assert (opts.variant, opts.alpha, opts.beta, opts.eval_steps) == ("fo", None, 0.001, 1)
+def test_defaults_and_reference_settings():
+    # the option defaults: what a stored config without the keys means (runs before the reference)
+    opts = PerFedAvgConfig()
+    assert (opts.variant, opts.alpha, opts.beta, opts.steps, opts.eval_steps) == ("fo", None, 0.001, "epochs", 1)
+    # a run built from flags or files gets PFLlib's β = lr and its step rule, written into its options
+    config = tiny_config(algorithm="perfedavg")
+    assert config.options == {"beta": None, "steps": "pfllib"}
+    assert config.model_dump(mode="json")["options"] == {"beta": None, "steps": "pfllib"}
+    assert (config.train.momentum, config.train.grad_clip) == (0.0, None)
+    # the paper's β and the old step rule stay options; a set key is kept
+    paper = algorithm_options(tiny_config(algorithm="perfedavg", options={"beta": 0.001, "steps": "epochs"}))
+    assert (paper.beta, paper.steps) == (0.001, "epochs")
 
 
 @pytest.mark.parametrize("variant", ["fo", "hf"])

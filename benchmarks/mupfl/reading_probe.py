@@ -19,7 +19,8 @@ from pathlib import Path
 
 import torch
 
-from fedtail.config import build_config, parse_value
+from fedtail.components import build_config
+from fedtail.config import parse_value
 from fedtail.engine import prepare
 from fedtail.engine.simulation import Simulation
 

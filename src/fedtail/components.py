@@ -120,10 +120,16 @@ def model_builder(name: str) -> Callable[[tuple[int, ...], int], Any]:
     return found
 
 
-def build_model(name: str, input_shape: tuple[int, ...], num_classes: int):
-    """Model ``name`` for inputs shaped ``input_shape`` (no batch dim) and ``num_classes`` classes."""
+def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, head: str | None = None):
+    """Model ``name`` for inputs shaped ``input_shape`` (no batch dim) and ``num_classes`` classes;
+    ``head`` names the body/head split of a built-in model (None: the model's own)."""
     from fedtail.models.base import SplitModel
+    from fedtail.models.registry import build_model as build_builtin, builder
 
+    if builder(name) is not None:
+        return build_builtin(name, tuple(input_shape), int(num_classes), head)
+    if head is not None:
+        raise ConfigError(f"--head {head}: model {name!r} is a plug-in, whose split is its own (leave --head out)")
     model = model_builder(name)(tuple(input_shape), int(num_classes))
     if not isinstance(model, SplitModel):
         raise ConfigError(f"--model {name!r} returned a {type(model).__name__}, not a fedtail SplitModel")
@@ -197,10 +203,45 @@ def listing() -> dict[str, dict[str, str]]:
     return out
 
 
-def build_config(raw: dict[str, Any], sets: list[str] | tuple[str, ...] = (), rounds: bool = True):
+def apply_reference(raw: dict[str, Any]) -> None:
+    """Fill what ``raw`` leaves unset with its algorithm's reference settings, in place.
+
+    The algorithm's :class:`~fedtail.algorithms.base.Reference` (how its reference code runs it)
+    gives the head split (``head``), ``train.momentum``, ``train.grad_clip`` and any algorithm
+    options whose reference value differs from the option's default. Keys the run sets, even to
+    the fedtail default, are kept. The filled values become explicit in the config (and so in
+    ``config.json``), so a stored config means the same whatever references change later.
+    """
+    try:
+        spec = algorithm(raw.get("algorithm", "fedavg"))
+    except ConfigError:  # an unknown algorithm is reported by check()
+        return
+    ref = spec.reference
+    if ref.head is not None:
+        raw.setdefault("head", ref.head)
+    train = raw.setdefault("train", {})
+    if isinstance(train, dict):  # anything else is reported by the validation
+        train.setdefault("momentum", ref.momentum)
+        train.setdefault("grad_clip", ref.grad_clip)
+    options = raw.setdefault("options", {})
+    if isinstance(options, dict):
+        for key, value in ref.options.items():
+            options.setdefault(key, value)
+
+
+def build_config(
+    raw: dict[str, Any], sets: list[str] | tuple[str, ...] = (), rounds: bool = True, reference: bool = True
+):
     """A validated :class:`~fedtail.config.RunConfig` whose components resolve: what every
-    command runs before any work starts (``rounds=False``: no checks of the round schedule)."""
-    from fedtail.config import parse_config
+    command runs before any work starts (``rounds=False``: no checks of the round schedule).
+
+    ``reference`` fills what the run leaves unset with its algorithm's reference settings
+    (:func:`apply_reference`); ``reference=False`` reads ``raw`` literally, as a stored
+    ``config.json`` must be read (resuming, a sweep's run process).
+    """
+    import json
+
+    from fedtail.config import apply_set, parse_config
 
     algorithm_name = raw.get("algorithm", "fedavg")
     for assignment in sets:  # options meant for another algorithm: say so, not "unknown section"
@@ -208,6 +249,12 @@ def build_config(raw: dict[str, Any], sets: list[str] | tuple[str, ...] = (), ro
         if rest and "." not in rest and head not in ("algo", algorithm_name) and head in _builtins("algorithm"):
             raise ConfigError(f"--set {assignment.partition('=')[0].strip()}: options of {head!r} do not apply "
                               f"to --algorithm {algorithm_name}")
+    if reference:
+        raw = json.loads(json.dumps(raw))
+        for assignment in sets:
+            apply_set(raw, assignment)
+        sets = ()
+        apply_reference(raw)
     config = parse_config(raw, sets, rounds)
     check(config)
     return config

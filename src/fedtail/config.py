@@ -91,6 +91,12 @@ class RunConfig(BaseModel):
     dataset_options: dict[str, Any] = Field(default_factory=dict)
     data_dir: str | None = None
     model: str = "cnn-fmnist"
+    head: Literal["last", "all-fc"] | None = Field(
+        None,
+        description="--head: where the model's head (classifier) starts: 'last' (the last linear layer) or "
+        "'all-fc' (every fully connected layer after the feature extractor); null: the model's own split. "
+        "Runs built from flags or files get their algorithm's reference split unless they set it",
+    )
     partition: PartitionConfig = Field(default_factory=PartitionConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     options: dict[str, Any] = Field(default_factory=dict, description="algorithm options (--set)")
@@ -127,6 +133,20 @@ class RunConfig(BaseModel):
         description="--log-clustering-every: the clustered methods' full clustering record (assignment and "
         "PCA view) every N rounds and at the last, only the number of clusters in between; does not change results",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _canonical_head(cls, data: Any) -> Any:
+        """A head split equal to the model's own is stored as null, so a run names a split only
+        when it moves the boundary (config.json of runs on the model's own split stays as it was)."""
+        from fedtail.models import HEADS, head_layers
+
+        if isinstance(data, dict) and data.get("head") is not None:
+            model = data.get("model", cls.model_fields["model"].default)
+            head = data["head"]
+            if model in HEADS and head in HEADS[model] and head_layers(model, head) == head_layers(model, None):
+                data = {**data, "head": None}
+        return data
 
     @field_validator("fraction")
     @classmethod
@@ -190,6 +210,8 @@ class RunConfig(BaseModel):
             data.pop("faults", None)
         if self.log_clustering_every == LOG_CLUSTERING_EVERY:  # likewise
             data.pop("log_clustering_every", None)
+        if self.head is None:  # likewise: the model's own split, what every run used before
+            data.pop("head", None)
         return data
 
     # -- the stage schedule (GLDP's stage tasks; one stage for every other partition) ---------
@@ -310,6 +332,7 @@ FLAG_KEYS: dict[str, tuple[str, ...]] = {
     "dataset": ("dataset",),
     "data_dir": ("data_dir",),
     "model": ("model",),
+    "head": ("head",),
     "partition": ("partition", "scheme"),
     "imbalance": ("partition", "imbalance"),
     "alpha": ("partition", "alpha"),
@@ -336,6 +359,7 @@ FLAG_KEYS: dict[str, tuple[str, ...]] = {
     "momentum": ("train", "momentum"),
     "weight_decay": ("train", "weight_decay"),
     "lr_decay": ("train", "lr_decay"),
+    "grad_clip": ("train", "grad_clip"),
     "seed": ("seed",),
     "workers": ("workers",),
     "threads": ("threads",),
@@ -398,7 +422,8 @@ def parse_config(raw: dict[str, Any], sets: list[str] = (), rounds: bool = True)
     """Validate the shape of a raw (file + flags) dict after applying ``--set`` overrides.
 
     ``rounds=False`` skips the checks of the round schedule (for commands that run no rounds).
-    Names are not resolved here: :func:`fedtail.components.build_config` does both.
+    Names are not resolved here, nor are an algorithm's reference settings filled in:
+    :func:`fedtail.components.build_config` does all three.
     """
     raw = json.loads(json.dumps(raw))  # deep copy; also rejects non-JSON values early
     for assignment in sets:

@@ -9,8 +9,9 @@ reusable model workspace and the client's persistent state handed in by the engi
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Iterator, Mapping, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Iterator, Literal, Mapping, Protocol
 
 import torch
 from pydantic import BaseModel, ConfigDict
@@ -158,9 +159,43 @@ class EdgeHalf:
         vars(self).update(state)
 
 
+# FedReMa's released code is built on PFLlib (TsingZ0/PFLlib) and holds FedReMa alone, so PFLlib's
+# implementations stand for the baselines of its Table 1 (an interpretation; the paper names no
+# baseline code). benchmarks/fedrema/README.md tabulates what each reference runs.
+PFLLIB = "PFLlib"
+
+
+@dataclass(frozen=True)
+class Reference:
+    """How an algorithm's reference code runs it: the settings a run gets unless it sets them.
+
+    ``fedtail.config.build_config`` fills a run's unset ``head``, ``train.momentum``,
+    ``train.grad_clip`` and the ``options`` named here, and writes them into ``config.json``;
+    a stored config is read literally. The defaults (the model's own split, plain SGD without
+    clipping, the option defaults) leave a run's config as it was before references existed.
+    """
+
+    source: str = ""  # where the settings come from (code, paper), shown by `fedtail list`
+    head: Literal["last", "all-fc"] | None = None  # the body/head split (None: the model's own)
+    momentum: float = 0.0
+    grad_clip: float | None = None
+    options: Mapping[str, Any] = field(default_factory=dict)  # algorithm options unlike their defaults
+
+    def describe(self) -> str:
+        """One line for ``fedtail list``, e.g. 'PFLlib: head last, momentum 0, grad clip none'."""
+        parts = [
+            f"head {self.head or 'as the model'}",
+            f"momentum {self.momentum:g}",
+            f"grad clip {'none' if self.grad_clip is None else f'{self.grad_clip:g}'}",
+        ]
+        parts += [f"{k}={json.dumps(v)}" for k, v in self.options.items()]
+        return f"{self.source or 'none declared (fedtail defaults)'}: " + ", ".join(parts)
+
+
 @dataclass(frozen=True)
 class Algorithm:
-    """Registry entry: a name, a one-line summary, and the classes making up the algorithm."""
+    """Registry entry: a name, a one-line summary, the classes making up the algorithm, and
+    the settings its reference code runs it with (:class:`Reference`)."""
 
     name: str
     summary: str
@@ -169,7 +204,9 @@ class Algorithm:
     config: type[AlgorithmConfig] = AlgorithmConfig
     edge: type[EdgeHalf] | None = None
     has_global_model: bool = True
+    reference: Reference = field(default_factory=Reference)
     registry: ClassVar[dict[str, "Algorithm"]] = {}
 
     def __post_init__(self) -> None:
+        self.config(**self.reference.options)  # a reference option the config rejects fails at import
         Algorithm.registry[self.name] = self

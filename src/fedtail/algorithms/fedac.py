@@ -59,6 +59,9 @@ sampled), or stays unknown. R^0 waits until min(K, clients per round) clients ha
 ``clustering`` log until then; the PCA map is fitted then), since k-means on fewer models gives
 fewer clusters, and a lone cluster CNT cannot split; meanwhile every client, uploaded or not, is
 pulled towards the mean of the known models.
+
+Model split (reference setting, ``fedtail list``): the embedding φ is all but the last layer
+(the paper), so runs get ``--head last``; for convnet that is the model's own split.
 """
 
 from __future__ import annotations
@@ -72,7 +75,16 @@ from sklearn.cluster import KMeans
 from sklearn.decomposition import PCA
 
 from fedtail.algorithms.aggregate import WeightedMean
-from fedtail.algorithms.base import Algorithm, AlgorithmConfig, Comm, Message, PersonalClient, ServerHalf, Tensors
+from fedtail.algorithms.base import (
+    Algorithm,
+    AlgorithmConfig,
+    Comm,
+    Message,
+    PersonalClient,
+    Reference,
+    ServerHalf,
+    Tensors,
+)
 from fedtail.algorithms.clustering import (
     cluster_means,
     cluster_record,
@@ -344,4 +356,5 @@ FEDAC = Algorithm(
     client=FedACClient,
     config=FedACConfig,
     has_global_model=False,
+    reference=Reference("FedAC's paper (φ: all but the last layer)", head="last"),
 )

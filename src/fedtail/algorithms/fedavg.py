@@ -10,12 +10,17 @@ Personalised accuracy is the global model evaluated on each client's local test 
 
 Missing replies (``--dropout``, rejected replies): the mean runs over the replies that arrived
 (n_S sums their sample counts), as if the clients that did not reply had not been sampled.
+
+Reference settings (what a run gets unless it sets them; ``fedtail list``): PFLlib's, the
+library FedReMa's code is built on and whose implementations stand for FedReMa's baselines:
+plain SGD (momentum 0), no gradient clipping, the model's own body/head split
+(unused: the whole model is averaged).
 """
 
 from __future__ import annotations
 
 from fedtail.algorithms.aggregate import WeightedMean
-from fedtail.algorithms.base import Algorithm, ClientHalf, Comm, Message, ServerHalf, Tensors
+from fedtail.algorithms.base import PFLLIB, Algorithm, ClientHalf, Comm, Message, Reference, ServerHalf, Tensors
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -49,4 +54,5 @@ FEDAVG = Algorithm(
     summary="FedAvg (McMahan et al. 2017): sample-weighted average of locally trained models",
     server=FedAvgServer,
     client=FedAvgClient,
+    reference=Reference(PFLLIB),
 )

@@ -32,6 +32,15 @@ Defaults and *interpretations*:
 
 Missing replies (``--dropout``, rejected replies): the body is the sample-weighted mean of the
 bodies that arrived (the head never changes); evaluation does not depend on who replied.
+
+Model split and reference settings (``fedtail list``; a run gets them unless it sets them):
+the head is the last linear layer, as in the paper (its "head" is the final linear classifier)
+and in PFLlib (``model.fc``), whose implementation stands for FedReMa's baseline; plain SGD
+(momentum 0), no clipping. On ``cnn2fc`` that freezes 5,130 of 582,026 parameters and trains FC
+512 with the convolutions; ``--head all-fc`` (the model's own split, what runs made before the
+reference split used) freezes both FC layers, 529,930 parameters, at their random values.
+PFLlib fine-tunes (10 epochs, whole model) once, after the last round, and reports the best
+un-fine-tuned accuracy during training; here every evaluation fine-tunes (``finetune_epochs``).
 """
 
 from __future__ import annotations
@@ -40,7 +49,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
-from fedtail.algorithms.base import Algorithm, AlgorithmConfig, ClientHalf, Message, Tensors
+from fedtail.algorithms.base import PFLLIB, Algorithm, AlgorithmConfig, ClientHalf, Message, Reference, Tensors
 from fedtail.algorithms.fedrep import FedRepServer, train_only
 
 if TYPE_CHECKING:
@@ -95,4 +104,5 @@ FEDBABU = Algorithm(
     server=FedBABUServer,
     client=FedBABUClient,
     config=FedBABUConfig,
+    reference=Reference(PFLLIB, head="last"),
 )

@@ -40,6 +40,11 @@ With λ = 0 every client trains and is evaluated exactly as in ``local``.
 Missing replies (``--dropout``, rejected replies): S^ℓ is made of the previous round's clients
 that replied. A client whose reply did not arrive adds nothing to the teachers (with
 ``exclude_self`` it is then given the plain average) and keeps its model.
+
+Reference settings (what a run gets unless it sets them; ``fedtail list``): PFLlib's, the
+library FedReMa's code is built on and whose implementations stand for FedReMa's baselines:
+plain SGD (momentum 0), no gradient clipping, the model's own body/head split
+(unused: the logits are the whole model's).
 """
 
 from __future__ import annotations
@@ -50,7 +55,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field
 
-from fedtail.algorithms.base import Algorithm, AlgorithmConfig, Comm, Message, Tensors
+from fedtail.algorithms.base import PFLLIB, Algorithm, AlgorithmConfig, Comm, Message, Reference, Tensors
 from fedtail.algorithms.local import LocalClient, LocalServer
 from fedtail.algorithms.prototypes import ClassMean, ClassStats, Weighting, class_statistics, class_target_loss
 
@@ -176,4 +181,5 @@ FEDDISTILL = Algorithm(
     client=FedDistillClient,
     config=FedDistillConfig,
     has_global_model=False,
+    reference=Reference(PFLLIB),
 )

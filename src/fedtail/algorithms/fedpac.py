@@ -43,8 +43,11 @@ their own head (first time: the run's initial head). There is no global model.
 - ``min_weight`` (default 1e-3): weights below it are solver noise and set to 0, as in the
   authors' code, which does not renormalise; here the rest is renormalised to sum 1. If the
   solver fails, α_k = e_k (the client keeps its own trained head, the authors' fallback).
-- The "classifier" combined is the model's whole head (for cnn2fc both FC layers, FedReMa's
-  split); the statistics are taken on the body's output, the head's input.
+- The "classifier" combined is the model's head, by the reference split the last linear layer
+  (the paper's linear classifier; PFLlib's ``model.fc``), so on cnn2fc the quadratic program
+  mixes 5,130-parameter heads and the statistics, prototypes and alignment live in FC 512's
+  512-d output (the head's input); ``--head all-fc`` mixes both FC layers on the 1024-d
+  convolution output, as runs made before the reference split did.
 - The head epoch uses the run's optimizer settings and learning rate (the authors' code uses lr
   0.1 for it, FedReMa a single lr 0.01 for all methods).
 - Global prototypes are rebuilt from each round's participants only.
@@ -54,6 +57,11 @@ replies that arrived (a class none of them holds has no global prototype next ro
 the head combinations run over the replying clients only, and only they are sent a combined head.
 A client that did not reply keeps its head; one whose ``set_head`` reply is rejected keeps the
 head it trained.
+
+Reference settings (``fedtail list``; a run gets them unless it sets them): PFLlib's, whose
+implementation stands for FedReMa's baseline: the last linear layer as the head, plain SGD
+(momentum 0), no clipping; PFLlib trains the head for one epoch before the body's E, as
+``head_epochs = 1`` does.
 """
 
 from __future__ import annotations
@@ -66,7 +74,7 @@ from pydantic import Field
 from scipy.optimize import minimize
 
 from fedtail.algorithms.aggregate import WeightedMean, weighted_mean
-from fedtail.algorithms.base import Algorithm, AlgorithmConfig, Comm, Message
+from fedtail.algorithms.base import PFLLIB, Algorithm, AlgorithmConfig, Comm, Message, Reference
 from fedtail.algorithms.fedproto import COUNTS, MEANS, global_prototypes, prototype_payload
 from fedtail.algorithms.fedrep import FedRepClient, FedRepServer, train_only
 from fedtail.algorithms.prototypes import Alignment, ClassMean, ClassStats, alignment_loss, class_statistics
@@ -243,4 +251,5 @@ FEDPAC = Algorithm(
     client=FedPACClient,
     config=FedPACConfig,
     has_global_model=False,
+    reference=Reference(PFLLIB, head="last"),
 )

@@ -42,6 +42,11 @@ With λ = 0 and ``predict = head`` every client trains and is evaluated exactly 
 Missing replies (``--dropout``, rejected replies): N_j is the replying clients holding class j; a
 class none of them holds keeps its previous global prototype (``keep_absent``; dropped
 otherwise), as a class no sampled client holds. A client that did not reply keeps its model.
+
+Model split and reference settings (``fedtail list``; a run gets them unless it sets them):
+the head is the last linear layer as in PFLlib (``model.fc``), whose implementation stands for
+FedReMa's baseline, so prototypes live in that layer's input space (on ``cnn2fc`` the 512
+outputs of FC 512, not the 1024-d convolution output); plain SGD (momentum 0), no clipping.
 """
 
 from __future__ import annotations
@@ -51,7 +56,7 @@ from typing import TYPE_CHECKING, Literal
 import torch
 from pydantic import Field
 
-from fedtail.algorithms.base import Algorithm, AlgorithmConfig, Comm, Message, ServerHalf, Tensors
+from fedtail.algorithms.base import PFLLIB, Algorithm, AlgorithmConfig, Comm, Message, Reference, ServerHalf, Tensors
 from fedtail.algorithms.local import LocalClient
 from fedtail.algorithms.prototypes import (
     Alignment,
@@ -155,4 +160,5 @@ FEDPROTO = Algorithm(
     client=FedProtoClient,
     config=FedProtoConfig,
     has_global_model=False,
+    reference=Reference(PFLLIB, head="last"),
 )

@@ -14,6 +14,11 @@ over {0.001, 0.01, 0.1, 1}; the default 0.01 is a mild pull from that grid.
 
 Missing replies (``--dropout``, rejected replies): as FedAvg, the mean runs over the replies that
 arrived.
+
+Reference settings (what a run gets unless it sets them; ``fedtail list``): PFLlib's, the
+library FedReMa's code is built on and whose implementations stand for FedReMa's baselines:
+plain SGD (momentum 0), no gradient clipping, the model's own body/head split
+(unused: the whole model is averaged and pulled).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from typing import TYPE_CHECKING
 import torch
 from pydantic import Field
 
-from fedtail.algorithms.base import Algorithm, AlgorithmConfig, ClientHalf, Message
+from fedtail.algorithms.base import PFLLIB, Algorithm, AlgorithmConfig, ClientHalf, Message, Reference
 from fedtail.algorithms.fedavg import FedAvgServer
 
 if TYPE_CHECKING:
@@ -66,4 +71,5 @@ FEDPROX = Algorithm(
     server=FedAvgServer,
     client=FedProxClient,
     config=FedProxConfig,
+    reference=Reference(PFLLIB),
 )

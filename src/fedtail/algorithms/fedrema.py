@@ -2,7 +2,8 @@
 
 Liang, Zhan, Liu, Zhang, Tan and Chen, "FedReMa: Improving Personalized Federated Learning via
 Leveraging the Most Relevant Clients", ECAI 2024 (Sec. 4, Algorithms 1–2). The model is a
-feature extractor θ (the body) and a classifier φ (the head; for ``cnn2fc`` both FC layers).
+feature extractor θ (the body) and a classifier φ (the head: every FC layer, for ``cnn2fc`` FC
+512 and the last FC, as the paper says and the authors' code splits it).
 Round t, with the uploading clients K_t:
 
 1. the server sends client k the shared body and its own head, w_k = {θ^{t−1}, φ_k^{t−1}};
@@ -68,6 +69,11 @@ heads and their rows of G. A round with fewer than three uploads (so no client h
 compare) does not take part in the CCP check (it never ends the CCP; ``ratio`` null in its log)
 once Δs̄ has been positive. The body and the global head average the uploads that arrived.
 
+Reference settings (``fedtail list``; a run gets them unless it sets them), from the authors'
+code: the head is every FC layer (``--head all-fc``; the model's own split for cnn2fc and
+alexnet-small), local SGD with momentum 0.9 and gradient-norm clipping at 10 (the paper says
+only "mini-batch SGD").
+
 Each round logs ``fedrema``: ``ccp`` (this round aggregated by MDS), ``ccp_rounds`` (MDS rounds
 so far: Table 3's "epochs of CCP"), and in MDS rounds ``mean_gap`` (Δs̄^t), ``max_gap``,
 ``ratio``, ``ended`` (the CCP ended this round), ``clients`` (the uploading ids, sorted),
@@ -84,13 +90,14 @@ from torch import nn
 from torch.func import functional_call
 
 from fedtail.algorithms.aggregate import WeightedMean, weighted_mean
-from fedtail.algorithms.base import Algorithm, AlgorithmConfig, Comm, Message, ServerHalf, Tensors
+from fedtail.algorithms.base import Algorithm, AlgorithmConfig, Comm, Message, Reference, ServerHalf, Tensors
 from fedtail.algorithms.clustering import cosine_matrix
 from fedtail.algorithms.fedavg import FedAvgClient
 
 if TYPE_CHECKING:
     from fedtail.engine.context import ServerContext
 
+FEDREMA_CODE = "FedReMa's code (liangh68/FedReMa)"
 SOFT_LOGITS_KEY = 0x50F7  # seed key of the random feature r, with the run seed and the round
 SETS_LOGGED_UP_TO = 32  # log the relevant sets themselves for runs of at most this many clients
 TIE = 1e-9  # similarities, gaps and ratios closer than this are equal (rounding differs between machines)
@@ -270,4 +277,5 @@ FEDREMA = Algorithm(
     server=FedReMaServer,
     client=FedAvgClient,
     config=FedReMaConfig,
+    reference=Reference(FEDREMA_CODE, head="all-fc", momentum=0.9, grad_clip=10.0),
 )

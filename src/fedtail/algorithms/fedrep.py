@@ -16,6 +16,10 @@ epoch per round; here ``head_epochs`` defaults to the run's --local-epochs and `
 
 Missing replies (``--dropout``, rejected replies): φ^{t+1} is the sample-weighted mean of the
 bodies that arrived; a client that did not reply keeps its head h_i unchanged.
+
+Model split and reference settings (``fedtail list``; a run gets them unless it sets them):
+the head is the last linear layer (FedRep's paper: the final layer; PFLlib: ``model.fc``);
+plain SGD (momentum 0), no clipping. ``--head all-fc`` moves every FC layer into the head.
 """
 
 from __future__ import annotations
@@ -25,7 +29,16 @@ from typing import TYPE_CHECKING, Any
 from pydantic import Field
 
 from fedtail.algorithms.aggregate import WeightedMean
-from fedtail.algorithms.base import Algorithm, AlgorithmConfig, ClientHalf, Comm, Message, ServerHalf, Tensors
+from fedtail.algorithms.base import (
+    Algorithm,
+    AlgorithmConfig,
+    ClientHalf,
+    Comm,
+    Message,
+    Reference,
+    ServerHalf,
+    Tensors,
+)
 
 if TYPE_CHECKING:
     from torch import nn
@@ -102,4 +115,5 @@ FEDREP = Algorithm(
     client=FedRepClient,
     config=FedRepConfig,
     has_global_model=False,
+    reference=Reference("FedRep's paper, PFLlib", head="last"),
 )

@@ -102,7 +102,7 @@ def random_init_weights(ctx: ServerContext, k: int) -> Tensors:
     """A fresh random initialisation of the run's architecture, seeded by (run seed, k)."""
     with torch.random.fork_rng(devices=[]):  # leave the caller's random stream untouched
         torch.manual_seed(ctx.seed(0xC1A5, k))
-        model = build_model(ctx.config.model, ctx.dataset.input_shape, ctx.num_classes)
+        model = build_model(ctx.config.model, ctx.dataset.input_shape, ctx.num_classes, ctx.config.head)
     return {name: value.detach().clone() for name, value in model.state_dict().items()}
 
 

@@ -6,11 +6,16 @@ same sampling stream as the federated methods keeps training budgets comparable.
 
 Missing replies (``--dropout``, rejected replies): a client that does not reply keeps its model
 as it was, untrained that round; nothing is aggregated, so nothing else changes.
+
+Reference settings (what a run gets unless it sets them; ``fedtail list``): PFLlib's, the
+library FedReMa's code is built on and whose implementations stand for FedReMa's baselines:
+plain SGD (momentum 0), no gradient clipping, the model's own body/head split
+(unused: the whole model is trained).
 """
 
 from __future__ import annotations
 
-from fedtail.algorithms.base import Algorithm, ClientHalf, Comm, Message, ServerHalf
+from fedtail.algorithms.base import PFLLIB, Algorithm, ClientHalf, Comm, Message, Reference, ServerHalf
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -48,4 +53,5 @@ LOCAL = Algorithm(
     server=LocalServer,
     client=LocalClient,
     has_global_model=False,
+    reference=Reference(PFLLIB),
 )

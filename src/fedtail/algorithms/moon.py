@@ -33,6 +33,12 @@ MOON's own best values are 5 on CIFAR-10 and 1 on CIFAR-100 and Tiny-ImageNet); 
 
 Missing replies (``--dropout``, rejected replies): the server is FedAvg's (the mean of the replies
 that arrived); a client that did not reply keeps its previous local model w_i^{t−1}.
+
+Model split and reference settings (``fedtail list``; a run gets them unless it sets them):
+the head is the last linear layer as in PFLlib (``model.fc``), whose implementation stands for
+FedReMa's baseline, so z is the input of that layer (on ``cnn2fc`` FC 512's 512 outputs, not the
+1024-d convolution output the model's own split gives); plain SGD (momentum 0), no clipping.
+PFLlib's τ defaults to 1.0; FedReMa takes unstated values from the methods' papers, so τ = 0.5.
 """
 
 from __future__ import annotations
@@ -43,7 +49,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field
 
-from fedtail.algorithms.base import Algorithm, AlgorithmConfig, ClientHalf, Message
+from fedtail.algorithms.base import PFLLIB, Algorithm, AlgorithmConfig, ClientHalf, Message, Reference
 from fedtail.algorithms.fedavg import FedAvgServer
 
 if TYPE_CHECKING:
@@ -99,4 +105,5 @@ MOON = Algorithm(
     server=FedAvgServer,
     client=MOONClient,
     config=MOONConfig,
+    reference=Reference(PFLLIB, head="last"),
 )

@@ -16,22 +16,42 @@ on batches of its training data and is evaluated with the result; the global tes
 the plain global model. The adaptation draws from the evaluation task's own random stream and
 changes no client state.
 
-Defaults and *interpretations*:
+How the reference code runs it. FedReMa's released code (built on PFLlib, TsingZ0/PFLlib) holds
+FedReMa alone, so PFLlib's implementations stand for its baselines (*interpretation*). PFLlib's
+Per-FedAvg client (FO, commit 487a29e) cuts each shuffled epoch into batches of 2B samples,
+dropping the incomplete last one, and takes one meta-step per such batch with D its first B
+samples and D' its last B, for E epochs; its server runs that training twice per round; β is
+the local learning rate, set once when the client is built, α the optimizer's (the same lr); the
+optimizer is plain SGD (no momentum, no clipping); evaluation follows one SGD step of size α on
+one training batch (``eval_steps = 1``). At FedReMa's protocol (480 training samples, B = 100,
+E = 5) that is 2 · 5 · ⌊480/200⌋ = 20 meta-steps of β = 0.01 per round. These are the
+algorithm's reference settings (``steps = "pfllib"``, ``beta = null``), which a run gets unless
+it sets the options. The option defaults (β = 0.001, the outer step size of the Per-FedAvg
+paper's experiments, and ``steps = "epochs"``) are what runs made before the reference settings
+existed used, and what a stored config without these keys means.
+
+Options and *interpretations*:
 
 - ``variant`` = "fo": HF costs a third batch and a double backward per step (about twice FO's
-  compute) for the paper's small gain over FO; FedReMa does not say which version it ran.
+  compute) for the paper's small gain over FO; PFLlib runs FO; FedReMa does not say which.
 - HF computes ∇²f_i(w; D'') · v exactly, by double backward (a Hessian-vector product, never
   the Hessian), where the paper approximates it by the finite difference
   (∇f_i(w + δv; D'') − ∇f_i(w − δv; D''))/(2δ): the same quantity without δ to choose.
-- ``alpha`` = null: the run's learning rate (FedReMa trains every method with η = 0.01; α is the
-  step that adapts the model, in training and at evaluation alike). ``beta`` = 0.001, the outer
-  step size of the Per-FedAvg paper's experiments.
-- local steps: the run's E epochs of batches, consumed two (FO) or three (HF) batches per step,
-  τ = max(1, ⌊E · ⌈n_i/B⌉ / k⌋), so a round reads E epochs of data as FedAvg does; the batches of
-  one step are consecutive batches of the shuffled data (they may share samples when a step
-  spans two epochs, and are the whole data when n_i ≤ B; the paper draws them independently); with --local-steps N, τ = N steps (the paper's τ).
+- ``alpha`` = null: the run's learning rate at the round (FedReMa trains every method with
+  η = 0.01; α is the step that adapts the model, in training and at evaluation alike).
+- ``beta``: the outer step size; null is the run's --lr, undecayed (PFLlib's β = lr, set once).
+- ``steps``, the local meta-steps of a round, each on k = 2 (FO) or 3 (HF) batches of B samples:
+  "pfllib": two passes of E epochs; each epoch is shuffled and cut into chunks of k·B samples,
+  the incomplete last chunk dropped (a client with fewer than k·B samples uses all of them as
+  its one chunk, where PFLlib would take no step), and each chunk, split into k consecutive
+  parts, is one step: τ = 2 · E · max(1, ⌊n_i / (k·B)⌋), the batches of a step disjoint.
+  "epochs": the run's E epochs of batches consumed k per step, τ = max(1, ⌊E · ⌈n_i/B⌉ / k⌋),
+  so a round reads E epochs of data as FedAvg does; the batches of one step are consecutive
+  batches of the shuffled data (they may share samples when a step spans two epochs, and are
+  the whole data when n_i ≤ B; the paper draws them independently).
+  With --local-steps N, τ = N steps of either kind (the paper's τ).
 - the inner step is plain gradient descent; the outer step is the run's SGD (momentum, weight
-  decay, gradient clipping) with learning rate β, plain SGD with the default settings.
+  decay, gradient clipping) with learning rate β; the reference settings are plain SGD.
 - the reported training loss averages the cross-entropy of every forward pass (at w on D and
   D'', at w̃ on D'); the sample count counts every batch read.
 - BatchNorm running statistics (ResNet) follow every forward pass in training mode, including
@@ -39,6 +59,8 @@ Defaults and *interpretations*:
 
 Missing replies (``--dropout``, rejected replies): the server is FedAvg's: the mean of the replies
 that arrived.
+
+- Model split: none (the whole model is meta-learned and averaged).
 """
 
 from __future__ import annotations
@@ -51,7 +73,7 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch.func import functional_call
 
-from fedtail.algorithms.base import Algorithm, AlgorithmConfig, ClientHalf, Message
+from fedtail.algorithms.base import PFLLIB, Algorithm, AlgorithmConfig, ClientHalf, Message, Reference
 from fedtail.algorithms.fedavg import FedAvgServer
 
 if TYPE_CHECKING:
@@ -65,14 +87,50 @@ Batch = tuple[torch.Tensor, torch.Tensor]
 class PerFedAvgConfig(AlgorithmConfig):
     variant: Literal["fo", "hf"] = Field("fo", description="fo: first-order; hf: with the Hessian-vector product")
     alpha: float | None = Field(None, gt=0, description="α: personalisation step size (null: the run's --lr)")
-    beta: float = Field(0.001, gt=0, description="β: step size of the meta update")
+    beta: float | None = Field(
+        0.001, gt=0, description="β: step size of the meta update (null: the run's --lr, PFLlib's reference)"
+    )
+    steps: Literal["pfllib", "epochs"] = Field(
+        "epochs",
+        description="meta-steps per round: pfllib (2 passes of E epochs, one step per k·B-sample chunk: the "
+        "reference) or epochs (E epochs of batches shared out k per step)",
+    )
     eval_steps: int = Field(1, ge=0, description="SGD steps of size α from the global model before evaluation")
+
+
+PFLLIB_PASSES = 2  # PFLlib's Per-FedAvg server trains each selected client twice a round
 
 
 def shuffled_batches(index: torch.Tensor, batch_size: int, generator: torch.Generator) -> Iterator[torch.Tensor]:
     """Index batches of endless epochs, each reshuffled."""
     while True:
         yield from index[torch.randperm(len(index), generator=generator)].split(batch_size)
+
+
+def full_chunks(index: torch.Tensor, size: int, generator: torch.Generator) -> Iterator[torch.Tensor]:
+    """Chunks of ``size`` indices of endless reshuffled epochs, each epoch's incomplete last chunk
+    dropped (PFLlib's ``drop_last``); an index shorter than ``size`` is one chunk per epoch."""
+    while True:
+        order = index[torch.randperm(len(index), generator=generator)]
+        full = len(order) // size
+        yield from order[: full * size].split(size) if full else (order,)
+
+
+def step_batches(ctx: ClientContext, k: int, steps: str) -> Iterator[list[torch.Tensor]]:
+    """The index batches (D, D'[, D'']) of each of the round's meta-steps, by the ``steps`` rule."""
+    cfg = ctx.train_config
+    if steps == "epochs":
+        stream = shuffled_batches(ctx.data.train, cfg.batch_size, ctx.generator)
+        for _ in range(local_steps(ctx, k)):
+            yield [next(stream) for _ in range(k)]
+        return
+    chunks = full_chunks(ctx.data.train, k * cfg.batch_size, ctx.generator)
+    if cfg.local_steps is not None:
+        count = cfg.local_steps
+    else:
+        count = PFLLIB_PASSES * cfg.local_epochs * max(1, len(ctx.data.train) // (k * cfg.batch_size))
+    for _ in range(count):
+        yield list(torch.tensor_split(next(chunks), k))
 
 
 def _loss(model: nn.Module, names: list[str], params, batch: Batch) -> torch.Tensor:
@@ -140,12 +198,12 @@ class PerFedAvgClient(ClientHalf):
         hessian = opts.variant == "hf"
         k = 3 if hessian else 2
         alpha = ctx.lr if opts.alpha is None else opts.alpha
+        beta = ctx.train_config.lr if opts.beta is None else opts.beta  # PFLlib: β = the lr, set once
         params = list(model.parameters())
-        optimizer = ctx.optimizer(params, lr=opts.beta)
+        optimizer = ctx.optimizer(params, lr=beta)
         clip = ctx.train_config.grad_clip
-        stream = shuffled_batches(ctx.data.train, ctx.train_config.batch_size, ctx.generator)
-        for _ in range(local_steps(ctx, k)):
-            batches = [ctx.dataset.batch(ctx.dataset.train, next(stream)) for _ in range(k)]
+        for indices in step_batches(ctx, k, opts.steps):
+            batches = [ctx.dataset.batch(ctx.dataset.train, index) for index in indices]
             direction, losses = meta_gradient(model, batches, alpha, hessian)
             for p, d in zip(params, direction):
                 p.grad = d
@@ -172,4 +230,5 @@ PERFEDAVG = Algorithm(
     server=FedAvgServer,
     client=PerFedAvgClient,
     config=PerFedAvgConfig,
+    reference=Reference(PFLLIB, options={"beta": None, "steps": "pfllib"}),
 )

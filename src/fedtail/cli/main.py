@@ -95,6 +95,9 @@ def run(
     algorithm: Optional[str] = typer.Option(None, "--algorithm", "-a", help="algorithm name (see `fedtail list`)"),
     dataset: Optional[str] = typer.Option(None, help="dataset name"),
     model: Optional[str] = typer.Option(None, help="model name"),
+    head: Optional[str] = typer.Option(
+        None, help="last | all-fc: where the model's head starts (default: the algorithm's reference split)"
+    ),
     partition: Optional[str] = typer.Option(None, help="iid | dirichlet | pathological | dominant | stages | natural"),
     imbalance: Optional[float] = typer.Option(None, help="long-tail imbalance factor IF >= 1"),
     alpha: Optional[float] = typer.Option(None, help="Dirichlet concentration > 0"),
@@ -120,9 +123,12 @@ def run(
     local_steps: Optional[int] = typer.Option(None, help="local SGD steps per round (instead of epochs)"),
     batch_size: Optional[int] = typer.Option(None, help="batch size"),
     lr: Optional[float] = typer.Option(None, help="learning rate"),
-    momentum: Optional[float] = typer.Option(None, help="SGD momentum"),
+    momentum: Optional[float] = typer.Option(None, help="SGD momentum (default: the algorithm's reference)"),
     weight_decay: Optional[float] = typer.Option(None, help="SGD weight decay"),
     lr_decay: Optional[float] = typer.Option(None, help="lr multiplier per round"),
+    grad_clip: Optional[float] = typer.Option(
+        None, help="max gradient norm (default: the algorithm's reference; --set train.grad_clip=null: none)"
+    ),
     seed: Optional[int] = typer.Option(None, help="random seed"),
     workers: Optional[int] = typer.Option(None, help="client-training processes (results do not depend on it)"),
     threads: Optional[int] = typer.Option(None, help="intra-op threads per client computation"),
@@ -171,7 +177,8 @@ def run(
         raw = raw_from_flags(flags, config_file)
         if resume:
             raw = merge(_folder_config(out), raw)
-        config = build_config(raw, set_)
+        # A resumed run's config.json is read as stored: no reference settings are filled in.
+        config = build_config(raw, set_, reference=not resume)
         if is_finished(out) and not overwrite:
             raise FedtailError(
                 f"--out {out} already holds a finished (or diverged) run; pass --overwrite or choose another folder"
@@ -403,14 +410,28 @@ def report(
 
 @app.command("list")
 def list_components() -> None:
-    """Algorithms, datasets, models (built-in and installed plug-ins) and partitions, one line each."""
+    """Algorithms, datasets, models (built-in and installed plug-ins) and partitions, one line each.
+
+    Under each built-in algorithm, its reference settings (head split, momentum, gradient
+    clipping, options), which a run gets unless it sets them; under each model, its head splits.
+    """
+    from fedtail.algorithms import ALGORITHMS
     from fedtail.components import listing
+    from fedtail.models import MODELS, describe_heads
     from fedtail.partition import SCHEMES
 
     entries = listing() | {"partition": SCHEMES}
+    details = {
+        "algorithm": lambda n: ("reference:", ALGORITHMS[n].reference.describe()) if n in ALGORITHMS else None,
+        "model": lambda n: ("head splits:", describe_heads(n)) if n in MODELS else None,
+    }
+    indent = " " * 28
     for kind in ("algorithm", "dataset", "model", "partition"):
         for name in sorted(entries[kind]):
             typer.echo(f"{kind:<10} {name:<16} {entries[kind][name]}")
+            detail = details[kind](name) if kind in details else None
+            if detail is not None:
+                typer.echo(f"{indent}{detail[0]} {detail[1]}")
 
 
 @app.command("partition")

@@ -33,7 +33,7 @@ def initial_weights(config: RunConfig, dataset: Dataset) -> Tensors:
     """The common starting model of a run, identical in every process."""
     with torch.random.fork_rng(devices=[]):  # leave the caller's random stream untouched
         torch.manual_seed(derive_seed(config.seed, 0xC0FFEE))
-        model = build_model(config.model, dataset.input_shape, dataset.num_classes)
+        model = build_model(config.model, dataset.input_shape, dataset.num_classes, config.head)
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
@@ -59,7 +59,8 @@ class Workspace:
             # Workspace weights are always overwritten before use; building must not consume
             # the task's random stream, or results would depend on which process built it.
             with torch.random.fork_rng(devices=[]):
-                model = build_model(self.config.model, self.dataset.input_shape, self.dataset.num_classes)
+                cfg, data = self.config, self.dataset
+                model = build_model(cfg.model, data.input_shape, data.num_classes, cfg.head)
                 self._models[role] = model.to_channels_last() if self.config.channels_last else model
         return self._models[role]
 

@@ -3,7 +3,7 @@
 Build one with :func:`build_model`; :data:`MODELS` lists the names with a one-line description.
 """
 
-from fedtail.models.base import SplitModel
-from fedtail.models.registry import MODELS, build_model
+from fedtail.models.base import HEAD_SPLITS, SplitModel
+from fedtail.models.registry import HEADS, MODELS, build_model, describe_heads, head_layers, own_head
 
-__all__ = ["MODELS", "SplitModel", "build_model"]
+__all__ = ["HEADS", "HEAD_SPLITS", "MODELS", "SplitModel", "build_model", "describe_heads", "head_layers", "own_head"]

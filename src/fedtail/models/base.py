@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import operator
+from typing import Literal
 
 import torch
 from torch import nn
@@ -87,6 +88,38 @@ class SplitModel(nn.Module):
         name = self._classifier_entry()[0]
         prefix = f"head.{name}." if name else "head."
         return [k for k in self.head_keys() if k.startswith(prefix)]
+
+
+HeadSplit = Literal["last", "all-fc"]
+HEAD_SPLITS: dict[str, str] = {
+    "last": "the last linear layer alone (PFLlib's model.fc; FedBABU's, FedPer's, FedRep's, FedPAC's head)",
+    "all-fc": "every fully connected layer after the feature extractor (FedReMa's classifier)",
+}
+
+
+def resplit(model: SplitModel, head_layers: int) -> SplitModel:
+    """The same layers (and weights) with the head holding the last ``head_layers`` linear layers.
+
+    The body and head are laid end to end and cut again just before the ``head_layers``-th
+    ``nn.Linear`` from the end, so the activations between the moved linear layers move with
+    them: cnn2fc's body + [FC 512, ReLU, FC] with ``head_layers = 1`` becomes body + [FC 512,
+    ReLU] and the head FC. Only the key names change (``head.0.weight`` → ``body.7.weight``);
+    the tensors, their order in the state_dict and so the initial weights drawn for a seed are
+    those of the original split. A split that is already the model's returns the model as it is.
+    """
+    head = list(model.head) if isinstance(model.head, nn.Sequential) else [model.head]
+    if sum(isinstance(m, nn.Linear) for m in head) == head_layers and isinstance(head[0], nn.Linear):
+        return model
+    if not isinstance(model.body, nn.Sequential):
+        raise ValueError("only a flat nn.Sequential body can be split elsewhere")
+    layers = [*model.body, *head]
+    linear = [i for i, m in enumerate(layers) if isinstance(m, nn.Linear)]
+    if not 1 <= head_layers <= len(linear):
+        raise ValueError(f"the model has {len(linear)} linear layers, a head of {head_layers} asked for")
+    cut = linear[-head_layers]
+    new_head = layers[cut] if cut == len(layers) - 1 else nn.Sequential(*layers[cut:])
+    first = layers[cut]
+    return SplitModel(nn.Sequential(*layers[:cut]), new_head, first.in_features, model.num_classes)
 
 
 def check_num_classes(num_classes: int) -> int:

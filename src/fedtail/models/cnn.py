@@ -33,6 +33,8 @@ def cnn2fc(input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
     Follows FedReMa's released code (PFLlib ``FedAvgCNN``): unpadded 5x5 convs, so the body is
     conv5x5(32) -> ReLU -> maxpool2 -> conv5x5(64) -> ReLU -> maxpool2 -> flatten
     (64*4*4 = 1024 features on 28x28, 1600 on 32x32); head: Linear(features, 512) -> ReLU -> Linear(512, C).
+    ``--head last`` (PFLlib's split at ``model.fc``, registry ``HEADS``) moves FC 512 and its ReLU
+    into the body: 512 features, a 5,130-parameter head.
     """
     name = "cnn2fc"
     num_classes = check_num_classes(num_classes)

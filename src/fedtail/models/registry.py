@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from fedtail.errors import ConfigError
 from fedtail.models.alexnet import alexnet_small
-from fedtail.models.base import SplitModel
+from fedtail.models.base import HEAD_SPLITS, SplitModel, resplit
 from fedtail.models.cnn import cnn2fc, cnn_fmnist, convnet, convnet_wide
 from fedtail.models.mlp import mlp
 from fedtail.models.resnet import resnet8, resnet18
@@ -41,13 +41,57 @@ def builder(name: str) -> Builder | None:
     return _BUILDERS.get(name)
 
 
-def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
+# Where each model's classifier starts: the number of linear layers its head holds under each
+# named split (``HEAD_SPLITS``). The first entry is the model's own split, the one its builder
+# makes and every run used before runs could choose (``RunConfig.head`` = None). Models whose
+# classifier is one linear layer have a single split under both names; an MLP's hidden layers are
+# its feature extractor, so its "all-fc" head is its last layer too.
+HEADS: dict[str, dict[str, int]] = {
+    "cnn-fmnist": {"last": 1, "all-fc": 1},
+    "cnn2fc": {"all-fc": 2, "last": 1},  # FedReMa's classifier is FC 512 + FC; PFLlib's head is the last FC
+    "convnet": {"last": 1, "all-fc": 3},
+    "convnet-wide": {"last": 1, "all-fc": 3},
+    "alexnet-small": {"all-fc": 3, "last": 1},
+    "resnet8": {"last": 1, "all-fc": 1},
+    "resnet18": {"last": 1, "all-fc": 1},
+    "mlp": {"last": 1, "all-fc": 1},
+}
+
+
+def own_head(name: str) -> str:
+    """The split model ``name``'s builder makes (what ``head = None`` means)."""
+    return next(iter(HEADS[name]))
+
+
+def head_layers(name: str, head: str | None) -> int:
+    """Linear layers in model ``name``'s head under split ``head`` (None: the model's own)."""
+    splits = HEADS[name]
+    if head is None:
+        return splits[own_head(name)]
+    if head not in splits:
+        raise ConfigError(f"unknown head split {head!r}; allowed: {', '.join(HEAD_SPLITS)}")
+    return splits[head]
+
+
+def describe_heads(name: str) -> str:
+    """The splits of model ``name`` for ``fedtail list``, e.g. 'all-fc (own) = 2 FC, last = 1 FC'."""
+    parts = []
+    for i, (split, n) in enumerate(HEADS[name].items()):
+        parts.append(f"{split}{' (own)' if i == 0 else ''} = {n} FC")
+    return ", ".join(parts)
+
+
+def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, head: str | None = None) -> SplitModel:
     """Build model ``name`` for inputs shaped ``input_shape`` (no batch dim) and ``num_classes`` classes.
 
+    ``head`` names the split between body and head (``HEAD_SPLITS``; None: the model's own).
+    Any split draws the same weights: only the boundary, and so the key names, move.
     Weights come from torch's global RNG, so seed it first for reproducible models.
     Raises ConfigError for an unknown name or an input shape the model cannot handle.
     """
     builder = _BUILDERS.get(name)
     if builder is None:
         raise ConfigError(f"unknown model {name!r}; allowed: {', '.join(sorted(_BUILDERS))}")
-    return builder(input_shape, num_classes)
+    layers = head_layers(name, head)
+    model = builder(input_shape, num_classes)
+    return model if layers == head_layers(name, None) else resplit(model, layers)

@@ -2,9 +2,10 @@
 
     python -m fedtail.sweep.runone RUN_DIR < config.json
 
-The config (a full ``config.json`` dict) is validated with :func:`fedtail.components.build_config`
-and run with the same :func:`fedtail.runner.run_to_folder` as ``fedtail run``; a checkpoint of
-the same config in RUN_DIR is resumed from. Each evaluation prints one line (round, accuracy,
+The config (a full ``config.json`` dict) is validated with :func:`fedtail.components.build_config`,
+literally (the sweep already filled in the algorithm's reference settings), and run with the
+same :func:`fedtail.runner.run_to_folder` as ``fedtail run``; a checkpoint of the same config in
+RUN_DIR is resumed from. Each evaluation prints one line (round, accuracy,
 elapsed time), so ``run.log`` shows a long run's progress.
 Exit codes:
 0 finished, 2 bad input (one ``error:`` line), 3 diverged (one ``error:`` line; ``summary.json``
@@ -29,7 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     from fedtail.runner import run_to_folder
 
     try:
-        config = build_config(json.loads(sys.stdin.read()))
+        # the planned config is complete: read it literally, no reference settings filled in
+        config = build_config(json.loads(sys.stdin.read()), reference=False)
         summary = run_to_folder(config, Path(args[0]), on_round=_progress(config.rounds), resume=None)
     except FedtailError as err:
         print(f"error: {err}", file=sys.stderr)
