@@ -339,5 +339,5 @@ def test_bad_labels(c10) -> None:
 
 
 def test_schemes_listed() -> None:
-    assert set(SCHEMES) == {"iid", "dirichlet", "pathological", "dominant", "stages"}
+    assert set(SCHEMES) == {"iid", "dirichlet", "pathological", "dominant", "stages", "natural"}
     assert all(isinstance(v, str) and "\n" not in v for v in SCHEMES.values())
