@@ -463,6 +463,15 @@ def partition_cmd(
     typer.echo(
         f"{len(sizes)} clients, {sum(sizes)} training samples (min {min(sizes)}, max {max(sizes)}) -> {out}, {png}"
     )
+    if part.clients and part.clients[0].stages:
+        per_stage = [len(st.classes) for c in part.clients for st in c.stages]
+        held = [len({int(x) for st in c.stages for x in st.classes}) for c in part.clients]
+        again = sum(bool(set(st.classes.tolist()) & {int(x) for e in c.stages[:k] for x in e.classes})
+                    for c in part.clients for k, st in enumerate(c.stages))
+        typer.echo(
+            f"{len(part.clients[0].stages)} stage tasks per client of {min(per_stage)}-{max(per_stage)} classes; "
+            f"a client holds {min(held)}-{max(held)} classes; {again} stage tasks bring back a class of an earlier one"
+        )
 
 
 def main() -> None:  # pragma: no cover - console entry point
