@@ -193,4 +193,5 @@ CREFF = Algorithm(
     server=CReFFServer,
     client=CReFFClient,
     config=CReFFConfig,
+    personal_model=False,
 )

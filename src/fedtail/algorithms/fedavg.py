@@ -46,4 +46,5 @@ FEDAVG = Algorithm(
     summary="FedAvg (McMahan et al. 2017): sample-weighted average of locally trained models",
     server=FedAvgServer,
     client=FedAvgClient,
+    personal_model=False,
 )

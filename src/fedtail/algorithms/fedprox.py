@@ -63,4 +63,5 @@ FEDPROX = Algorithm(
     server=FedAvgServer,
     client=FedProxClient,
     config=FedProxConfig,
+    personal_model=False,
 )

@@ -96,4 +96,5 @@ MOON = Algorithm(
     server=FedAvgServer,
     client=MOONClient,
     config=MOONConfig,
+    personal_model=False,
 )
