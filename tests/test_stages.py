@@ -421,3 +421,28 @@ def test_report_shows_the_stage_metrics(tmp_path):
     assert f"| method | {setting} A_local | {setting} A_global | {setting} A_part |" in text
     local_row = next(line for line in text.splitlines() if line.startswith("| local |") and "—" in line)
     assert local_row.count("(1 seed)") == 2  # A_local and A_part; no A_global
+
+
+def test_report_has_a_row_per_named_accuracy_the_last10_tables_and_the_participants_figure(tmp_path):
+    for algorithm in ("gldp", "fedavg"):
+        res = invoke_run(tmp_path / "runs" / algorithm, algorithm, smoke=STAGE_SMOKE)
+        assert res.exit_code == 0, res.output
+    assert "gp: final" in invoke_run(tmp_path / "cli", "gldp", smoke=STAGE_SMOKE).output  # fedtail run prints them
+    md = tmp_path / "R.md"
+    res = invoke("report", tmp_path / "runs", "--out", md)
+    assert res.exit_code == 0, res.output
+    text = md.read_text()
+    assert "## Personalised accuracy, mean over the final 10 rounds (%)" in text
+    assert "## Stage-task accuracies, mean over the final 10 rounds (%)" in text
+    summary = json.loads((tmp_path / "runs" / "gldp" / "summary.json").read_text())
+    tables = text.split("## Costs")[0]
+    for name in ("gp", "lp", "head"):
+        lines = [line for line in tables.splitlines() if line.startswith(f"| gldp:{name} |")]
+        assert len(lines) == 5  # final, best, last10, and the two stage tables
+        final = summary["named"][name]["final"]["personalized_acc"]
+        assert f"{100 * final:.2f} (1 seed)" in lines[0]
+    methods = [line.split("|")[1].strip() for line in tables.splitlines() if line.startswith("| ")]
+    assert methods[2:7] == ["fedavg", "gldp", "gldp:gp", "gldp:lp", "gldp:head"]  # after the header and ---
+    costs = text.split("## Costs")[1]
+    assert "gldp:gp" not in costs and "| gldp |" in costs  # a view of the gldp run: costed once
+    assert (tmp_path / "R-participants.png").is_file()

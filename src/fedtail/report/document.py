@@ -17,6 +17,7 @@ from fedtail.report.blocks import (
     Figure,
     accuracy_blocks,
     accuracy_figure,
+    participants_figure,
     acmu_figure,
     acmu_run,
     cells_note,
@@ -69,6 +70,9 @@ def write_report(
     acc = accuracy_figure(col, out.with_name(f"{out.stem}-accuracy.png"))
     if acc:
         figures.append(acc)
+    part = participants_figure(col, out.with_name(f"{out.stem}-participants.png"))
+    if part:
+        figures.append(part)
     for s in col.settings:
         for m in col.methods:
             run = acmu_run(col, s, m)
