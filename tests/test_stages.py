@@ -446,3 +446,4 @@ def test_report_has_a_row_per_named_accuracy_the_last10_tables_and_the_participa
     costs = text.split("## Costs")[1]
     assert "gldp:gp" not in costs and "| gldp |" in costs  # a view of the gldp run: costed once
     assert (tmp_path / "R-participants.png").is_file()
+    assert "- Runs: 2 finished, 0 unfinished" in text  # the named rows are views of the gldp run

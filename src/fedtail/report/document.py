@@ -109,7 +109,7 @@ def _markdown(
     report_command: str,
     warnings: list[str],
 ) -> str:
-    finished = [r for r in col.runs if r.finished]
+    finished = [r for r in col.runs if r.finished and r.named is None]  # named accuracies: views of runs
     unfinished = [r for r in col.runs if not r.finished]
     md: list[str] = [f"# {title or 'fedtail report'}", "", GENERATED, ""]
     md += header_lines(_produced_by(col, command), report_command, col.sweeps)

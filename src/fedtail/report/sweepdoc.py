@@ -226,7 +226,7 @@ def _markdown(
     md += cells_note(reference, eval_splits([r for sec in sections for r in sec.col.runs]))
 
     for sec, (figures, notes) in zip(sections, per_section):
-        n_done = sum(r.finished for r in sec.col.runs)
+        n_done = sum(r.finished and r.named is None for r in sec.col.runs)  # named accuracies: views of runs
         sw = sec.sweep
         md += [f"## {sec.name}", ""]
         md += [
