@@ -366,18 +366,20 @@ def assert_fails_in_one_line(result, key: str) -> None:
 
 # --- stage tasks -------------------------------------------------------------------------------
 
-# 6 classes, 6 clients with 3 stage tasks of 2 classes each, 6 rounds = 2 per stage
+# 6 classes, 6 clients with 3 stage tasks of 2 classes each, 6 rounds = 2 per stage (blocks;
+# staged(stage_schedule=None) is the default nested schedule: 2 rounds of global optimisation)
 STAGED = dict(
     dataset_options={"num_classes": 6},
     partition={"scheme": "stages", "num_clients": 6, "stages": 3, "classes_per_stage": 2},
     rounds=6,
+    stage_schedule="blocks",
 )
 
 # synthetic data, 4 classes, 4 clients with 2 stages of 2 classes, 2 a round, 4 rounds (2 per stage)
 STAGE_SMOKE = [
     "--dataset", "synthetic", "--model", "mlp", "--partition", "stages", "--stages", "2",
     "--classes-per-stage", "2", "--clients", "4", "--fraction", "0.5", "--rounds", "4",
-    "--rounds-per-stage", "2", "--local-epochs", "1", "--batch-size", "16", "--lr", "0.05",
+    "--rounds-per-stage", "2", "--stage-schedule", "blocks", "--local-epochs", "1", "--batch-size", "16", "--lr", "0.05",
     "--set", "dataset_options.num_classes=4",
 ]  # fmt: skip
 

@@ -80,7 +80,7 @@ def test_mix_is_convex_on_floats_and_takes_integer_buffers_from_w():
 def _reference_step(rt, config, cid, w0, v0, alpha, alpha_lr, mix_w):
     """w, v and α after one APFL step, computed in float64 from the formulas."""
     generator = torch.Generator().manual_seed(derive_seed(config.seed, 1, 0, cid))
-    index = rt.views[cid].train
+    index = rt.views.at(1)[cid].train
     batch = index[torch.randperm(len(index), generator=generator)].split(config.train.batch_size)[0]
     dataset = rt.workspace.dataset
     x, y = dataset.batch(dataset.train, batch)

@@ -248,7 +248,7 @@ def test_ditto_evaluates_the_personal_model_if_any_else_the_global():
 def test_fedrep_training_one_part_leaves_the_other_untouched():
     config = tiny_config(algorithm="fedrep")
     rt = runtime(config)
-    ctx = ClientContext(1, 1, 123, rt.views[1], rt.workspace, rt.options)
+    ctx = ClientContext(1, 1, 123, rt.views.at(1)[1], rt.workspace, rt.options)
     model = ctx.load(rt.workspace.init_weights)
     for part, frozen, keys in ((model.head, model.body, model.body_keys()), (model.body, model.head, model.head_keys())):
         before = ctx.weights(keys=keys)
@@ -271,7 +271,7 @@ def test_fedrep_uploads_only_the_body_and_keeps_the_head():
     assert set(state["head"]) == set(model.head_keys())
     assert not torch.equal(state["head"]["head.weight"], init["head.weight"])
     # Evaluation: the global body with the client's own head (or the initial head).
-    ctx = ClientContext(4, 1, 0, rt.views[4], rt.workspace, rt.options)
+    ctx = ClientContext(4, 1, 0, rt.views.at(1)[4], rt.workspace, rt.options)
     for client_state, head in ((state, state["head"]), ({}, {k: init[k] for k in model.head_keys()})):
         ctx.load(body | head)
         expected = ctx.evaluate()

@@ -93,19 +93,21 @@ def test_global_random_streams_are_restored():
 
 # --- every algorithm, in memory: checkpoint after 2 rounds, resume, compare with 4 rounds ---------
 
-def stopped_and_resumed(config, resume_workers: int | None = None) -> tuple[Simulation, dict, Simulation, dict]:
-    """An uninterrupted run (checkpoint taken after round 2) and a new simulation resumed from it."""
+def stopped_and_resumed(
+    config, resume_workers: int | None = None, at: int = 2
+) -> tuple[Simulation, dict, Simulation, dict]:
+    """An uninterrupted run (its one checkpoint taken after round ``at``) and a new simulation resumed from it."""
     saved: list[bytes] = []
     reference = Simulation(config, *prepare(config), on_checkpoint=lambda s: saved.append(checkpoint.to_bytes(s)))
     ref_summary = reference.run()
-    assert len(saved) == 1  # after round 2; none after the last round
+    assert len(saved) == 1  # after round `at`; none after the last round
     torch.manual_seed(12345), np.random.seed(12345)  # another process's streams: the checkpoint restores them
     if resume_workers is not None:
         config = config.model_copy(update={"workers": resume_workers})
     resumed = Simulation(config, *prepare(config))
     resumed.restore(checkpoint.load(saved[0]))
-    assert resumed.rounds_done == 2
-    assert strip_timing(resumed.record.rows) == strip_timing([r for r in reference.record.rows if r["round"] <= 2])
+    assert resumed.rounds_done == at
+    assert strip_timing(resumed.record.rows) == strip_timing([r for r in reference.record.rows if r["round"] <= at])
     return reference, ref_summary, resumed, resumed.run()
 
 
@@ -120,6 +122,18 @@ def assert_same_run(reference: Simulation, ref_summary: dict, resumed: Simulatio
 @pytest.mark.parametrize("name", PACKAGED)
 def test_every_algorithm_resumes_bit_identically(name):
     assert_same_run(*stopped_and_resumed(algorithm_config(name)))
+
+
+@pytest.mark.parametrize("name", ["gldp", "fedavg"])
+def test_nested_stage_runs_resume_bit_identically_inside_a_round_of_global_optimisation(name):
+    # 3 stage tasks, 2 rounds of global optimisation of 3 rounds; the checkpoint after round 4 falls
+    # inside the second: GLDP's previous-stage body and prototypes, FedAvg's kept local models
+    config = staged(algorithm=name, stage_schedule=None, rounds=6, checkpoint_every=4,
+                    options={"head_epochs": 1} if name == "gldp" else {})  # fmt: skip
+    reference, ref_summary, resumed, summary = stopped_and_resumed(config, at=4)
+    assert [r["round"] for r in reference.record.rows] == [3, 6]
+    assert any("old_shared" in s or "engine.local_model" in s for s in resumed.client_state.values())
+    assert_same_run(reference, ref_summary, resumed, summary)
 
 
 def test_pending_round_logs_and_two_workers_resume_bit_identically():

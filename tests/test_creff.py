@@ -401,7 +401,7 @@ def test_creff_client_gradients_use_received_body_and_retrained_classifier_befor
     load_weights(model, weights)
     set_linear(model.classifier, retrained["weight"], retrained["bias"])
     generator = torch.Generator().manual_seed(derive_seed(config.seed, rnd, 0, cid))  # the task's stream, unused yet
-    ref, ref_present = class_gradients(model, dataset, runtime.views[cid].train, C, generator, repeats=2, batch_size=4)
+    ref, ref_present = class_gradients(model, dataset, runtime.views.at(1)[cid].train, C, generator, repeats=2, batch_size=4)
     assert torch.equal(present, ref_present) and present.any()
     assert torch.allclose(got["weight"], ref["weight"], atol=1e-6)
     assert torch.allclose(got["bias"], ref["bias"], atol=1e-6)

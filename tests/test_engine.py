@@ -224,7 +224,7 @@ def test_feature_loss_sees_the_body_output_and_zero_loss_changes_nothing():
     rt = runtime(tiny_config())
 
     def context() -> ClientContext:
-        return ClientContext(0, 1, 7, rt.views[0], rt.workspace, rt.options)
+        return ClientContext(0, 1, 7, rt.views.at(1)[0], rt.workspace, rt.options)
 
     seen: list[torch.Tensor] = []
 

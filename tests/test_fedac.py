@@ -284,7 +284,7 @@ def test_fedper_trains_body_and_head_together_and_uploads_only_the_body():
 def test_local_steps_take_exactly_that_many_batches(steps):
     config = tiny_config(train={"local_steps": steps, "local_epochs": 3, "batch_size": 8})
     rt = runtime(config)
-    ctx = ClientContext(0, 1, 7, rt.views[0], rt.workspace, rt.options)
+    ctx = ClientContext(0, 1, 7, rt.views.at(1)[0], rt.workspace, rt.options)
     ctx.load(rt.workspace.init_weights)
     stats = ctx.train()
     assert stats.steps == steps

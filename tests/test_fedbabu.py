@@ -95,7 +95,7 @@ def test_zero_finetune_epochs_evaluate_the_global_model():
 
 def _plain_evaluate(rt, cid: int, weights: dict) -> Message:
     """The global model evaluated as FedAvg's clients do."""
-    ctx = ClientContext(cid, 1, 0, rt.views[cid], rt.workspace, rt.options)
+    ctx = ClientContext(cid, 1, 0, rt.views.at(1)[cid], rt.workspace, rt.options)
     return ClientHalf().evaluate(Message("evaluate", weights), ctx)
 
 

@@ -63,18 +63,18 @@ def test_client_uploads_mean_logits_per_label_never_weights(source):
     cid = 4
     answer, state = fit(rt, cid, {})
     assert set(answer.tensors) == {MEANS, COUNTS}
-    labels = rt.workspace.dataset.train.y[rt.views[cid].train]
+    labels = rt.workspace.dataset.train.y[rt.views.at(1)[cid].train]
     held = torch.bincount(labels, minlength=5)
     model = rt.workspace.model("check")
     load_weights(model, state["weights"])
-    after = class_statistics(model, rt.workspace.dataset, rt.views[cid].train, 5, output="logits")
+    after = class_statistics(model, rt.workspace.dataset, rt.views.at(1)[cid].train, 5, output="logits")
     if source == "inference":
         assert torch.equal(answer.tensors[COUNTS], held)
         assert torch.equal(answer.tensors[MEANS], after.means)
     else:  # every logit of both epochs, from the model as it trained
         assert torch.equal(answer.tensors[COUNTS], 2 * held)
         load_weights(model, rt.workspace.init_weights)
-        before = class_statistics(model, rt.workspace.dataset, rt.views[cid].train, 5, output="logits")
+        before = class_statistics(model, rt.workspace.dataset, rt.views.at(1)[cid].train, 5, output="logits")
         got = answer.tensors[MEANS][held > 0]
         assert not torch.allclose(got, after.means[held > 0], atol=1e-3)
         # the running mean lies between the start and the end of training, roughly

@@ -211,7 +211,7 @@ def test_clients_upload_their_class_counts_only_for_the_prior_adjustment():
     config = fedic_config(options={"prior_tau": 1.0})
     rt = runtime(config)
     reply, _ = fit(rt, 2, rt.workspace.init_weights)
-    counts = torch.bincount(rt.workspace.dataset.train.y[rt.views[2].train], minlength=5)
+    counts = torch.bincount(rt.workspace.dataset.train.y[rt.views.at(1)[2].train], minlength=5)
     assert torch.equal(reply.tensors[COUNTS], counts)
     plain = runtime(fedic_config())
     reply, _ = fit(plain, 2, plain.workspace.init_weights)

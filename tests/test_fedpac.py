@@ -151,26 +151,26 @@ def test_head_then_body_schedule_trains_the_right_parts(missing):
 
     # the same steps by hand, on the task's random stream
     load_weights(rt.workspace.model("check"), body | {k: init[k] for k in model.head_keys()})
-    ctx = ClientContext(cid, 1, derive_seed(config.seed, 1, 0, cid), rt.views[cid], rt.workspace, rt.options)
+    ctx = ClientContext(cid, 1, derive_seed(config.seed, 1, 0, cid), rt.views.at(1)[cid], rt.workspace, rt.options)
     model = ctx.load(body | {k: init[k] for k in model.head_keys()})
     head_stats = train_only(ctx, model.head, model.body, 1)
-    assert head_stats.samples == len(rt.views[cid].train)  # one epoch on the head
+    assert head_stats.samples == len(rt.views.at(1)[cid].train)  # one epoch on the head
     assert_same(ctx.weights(keys=model.body_keys()), body)  # body frozen meanwhile
     head = ctx.weights(keys=model.head_keys())
     target = (protos, present)
     if missing == "local":  # class 2 is aligned to the client's own prototype under the received body
-        own = class_statistics(rt.workspace.model("check"), rt.workspace.dataset, rt.views[cid].train, 5)
+        own = class_statistics(rt.workspace.model("check"), rt.workspace.dataset, rt.views.at(1)[cid].train, 5)
         assert own.present[2]  # the premise: this client holds class 2
         target = (torch.where(present.unsqueeze(1), protos, own.means), present | own.present)
     body_stats = train_body(ctx, model, alignment_loss(*target, 1.0, "mse"))
-    assert body_stats.samples == 2 * len(rt.views[cid].train)  # then the run's E epochs on the body
+    assert body_stats.samples == 2 * len(rt.views.at(1)[cid].train)  # then the run's E epochs on the body
     assert_same(ctx.weights(keys=model.head_keys()), head)  # head frozen meanwhile
     assert all(p.requires_grad for p in model.parameters())
 
     assert_same({k: answer.tensors[k] for k in model.head_keys()}, head)
     assert_same({k: answer.tensors[k] for k in model.body_keys()}, ctx.weights(keys=model.body_keys()))
     assert_same(state["head"], head)
-    assert answer.metrics["num_samples"] == 3 * len(rt.views[cid].train)
+    assert answer.metrics["num_samples"] == 3 * len(rt.views.at(1)[cid].train)
     assert not torch.equal(head["head.weight"], init["head.weight"])
 
 
@@ -181,13 +181,13 @@ def test_client_uploads_statistics_of_the_received_body():
     body = {k: init[k] for k in model.body_keys()}
     cid = 0
     answer, _ = fit(rt, cid, body)
-    labels = rt.workspace.dataset.train.y[rt.views[cid].train]
+    labels = rt.workspace.dataset.train.y[rt.views.at(1)[cid].train]
     assert torch.equal(answer.tensors[COUNTS], torch.bincount(labels, minlength=5))
     # V and h come from the received (initial) body, the prototypes from the trained one
-    ctx = ClientContext(cid, 1, 0, rt.views[cid], rt.workspace, rt.options)
+    ctx = ClientContext(cid, 1, 0, rt.views.at(1)[cid], rt.workspace, rt.options)
     ctx.load(init)
     stats = ClassStats.zeros(5, model.feature_dim)
-    x, y = rt.workspace.dataset.batch(rt.workspace.dataset.train, rt.views[cid].train)
+    x, y = rt.workspace.dataset.batch(rt.workspace.dataset.train, rt.views.at(1)[cid].train)
     with torch.no_grad():
         stats.add(ctx.model().features(x), y)
     v, h = collaboration_statistics(stats)

@@ -133,12 +133,12 @@ def test_client_uploads_prototypes_and_counts_never_weights():
     cid = 2
     answer, state = fit(rt, cid, {})
     assert set(answer.tensors) == {MEANS, COUNTS}
-    labels = rt.workspace.dataset.train.y[rt.views[cid].train]
+    labels = rt.workspace.dataset.train.y[rt.views.at(1)[cid].train]
     assert torch.equal(answer.tensors[COUNTS], torch.bincount(labels, minlength=5))
     # the prototypes are those of the trained model the client keeps
     model = rt.workspace.model("check")
     load_weights(model, state["weights"])
-    stats = class_statistics(model, rt.workspace.dataset, rt.views[cid].train, 5)
+    stats = class_statistics(model, rt.workspace.dataset, rt.views.at(1)[cid].train, 5)
     assert torch.equal(answer.tensors[MEANS], stats.means)
     assert not torch.equal(state["weights"]["head.weight"], rt.workspace.init_weights["head.weight"])
 
@@ -199,7 +199,7 @@ def test_client_predicts_the_class_of_the_nearest_global_prototype():
     model = rt.workspace.model("check")
     load_weights(model, state["weights"])
     model.eval()
-    view = rt.views[cid]
+    view = rt.views.at(1)[cid]
     x, y = rt.workspace.dataset.batch(view.eval_split, view.eval_index)
     with torch.no_grad():
         dist = torch.cdist(model.features(x), protos).pow(2)

@@ -103,13 +103,13 @@ def test_client_keeps_the_moving_average_of_its_prototypes():
     start = shared_init(rt)
     first, state = fit_at(rt, cid, 1, start, {})
     assert torch.equal(first.tensors[MEANS], state["protos"])
-    held = torch.bincount(rt.workspace.dataset.train.y[rt.views[cid].train], minlength=5) > 0
+    held = torch.bincount(rt.workspace.dataset.train.y[rt.views.at(1)[cid].train], minlength=5) > 0
     assert torch.equal(state["present"], held)
     before = state["protos"].clone()
     second, state = fit_at(rt, cid, 2, start, state)
     trained = rt.workspace.model("check")
     load_weights(trained, {k: second.tensors[k] for k in start} | state["classifier"])
-    new = gldp.representation_statistics(trained, rt.workspace.dataset, rt.views[cid].train).means
+    new = gldp.representation_statistics(trained, rt.workspace.dataset, rt.views.at(1)[cid].train).means
     assert torch.allclose(state["protos"][held], 0.5 * new[held] + 0.5 * before[held], atol=1e-6)
     assert not state["protos"][~held].any()
 
@@ -257,7 +257,7 @@ def test_lpr_is_zero_for_an_unchanged_body_and_positive_otherwise():
     got = gldp.relation_loss(z, z_new, protos, 2.0, "distance")
     assert float(got) == pytest.approx(float(expected), rel=1e-4)
     # through the training term (default τ = 0.07): the model vs the previous stage's model
-    opts = algorithm_options(tiny_config(algorithm="gldp", options={"lam": 0.25}))
+    opts = algorithm_options(tiny_config(algorithm="gldp", options={"lam": 0.75}))
     model, old = build_model("mlp", (16,), 5), build_model("mlp", (16,), 5)
     old.load_state_dict(model.state_dict())
     x, y = torch.randn(6, 16, generator=g), torch.arange(6) % 5
@@ -270,7 +270,7 @@ def test_lpr_is_zero_for_an_unchanged_body_and_positive_otherwise():
     value = term(model, x, y, model(x), model.features(x)).detach()
     with torch.no_grad():
         expected = 0.75 * gldp.relation_loss(old.features(x), model.features(x), protos, 0.07)
-    assert float(value) > 1e-4 and torch.allclose(value, expected)  # weighted by 1 − λ
+    assert float(value) > 1e-4 and torch.allclose(value, expected)  # weighted by λ
 
 
 def test_lpr_stays_bounded_and_scale_free_with_large_features():
@@ -294,6 +294,65 @@ def test_lpr_stays_bounded_and_scale_free_with_large_features():
         assert bool((student.grad.norm(dim=1) <= 1.001 * bound).all())
 
 
+def test_the_loss_is_lambda_lpr_plus_one_minus_lambda_glpr():
+    # sthfl-gldp.txt Sec. 5.4: "When λ = 0 ... only uses the global-local relationship loss";
+    # "When λ = 1 ... only local prototype learning in the pre-stage and post-stage".
+    g = torch.Generator().manual_seed(1)
+    model, old = build_model("mlp", (16,), 5), build_model("mlp", (16,), 5)
+    with torch.no_grad():
+        for p in old.parameters():
+            p.add_(0.3 * torch.randn(p.shape, generator=g))
+    x, y = torch.randn(8, 16, generator=g), torch.arange(8) % 5
+    targets, present, weights = torch.randn(5, 64, generator=g), torch.ones(5, dtype=torch.bool), torch.ones(5)
+    protos = torch.randn(3, 64, generator=g)
+    with torch.no_grad():
+        z, z_old = model.features(x), old.features(x)
+        glpr = gldp.weighted_target_loss(z, y, targets, present, weights)
+        lpr = gldp.relation_loss(z_old, z, protos, 0.07)
+    for lam in (0.0, 0.3, 1.0):
+        opts = algorithm_options(tiny_config(algorithm="gldp", options={"lam": lam}))
+        term = gldp.gldp_loss(opts, (targets, present, weights), (old.eval(), protos))
+        with torch.no_grad():
+            value = term(model, x, y, model(x), model.features(x))
+        assert float(value) == pytest.approx(float(lam * lpr + (1 - lam) * glpr), rel=1e-5)
+
+
+@pytest.mark.parametrize(
+    "options, glpr, lpr",
+    [({}, True, True), ({"lam": 0.0}, True, False), ({"lam": 1.0}, False, True),
+     ({"glpr": False}, False, True), ({"lpr": False}, True, False), ({"glpr": False, "lpr": False}, False, False)],
+)  # fmt: skip
+def test_lambda_and_the_ablation_switches_pick_the_loss_terms(monkeypatch, options, glpr, lpr):
+    config = staged(algorithm="gldp", options={"head_epochs": 1} | options)
+    rt = runtime(config)
+    start = shared_init(rt)
+    _, state = fit_at(rt, 0, 1, start, {})
+    _, state = fit_at(rt, 0, 2, start, state)  # the end of stage 0
+    assert ("shared" in state) == lpr  # φ_old is kept only where L_LPR will need it
+    seen = {"glpr": 0, "lpr": 0}
+    real_glpr, real_lpr = gldp.weighted_target_loss, gldp.relation_loss
+    monkeypatch.setattr(gldp, "weighted_target_loss", lambda *a: seen.__setitem__("glpr", 1) or real_glpr(*a))
+    monkeypatch.setattr(gldp, "relation_loss", lambda *a: seen.__setitem__("lpr", 1) or real_lpr(*a))
+    d = rt.workspace.model().feature_dim
+    protos = {MEANS: torch.rand(6, d), PRESENT: torch.ones(6, dtype=torch.bool)}
+    fit_at(rt, 0, 3, start | protos, state)  # stage 1, with global prototypes
+    assert seen == {"glpr": int(glpr), "lpr": int(lpr)}
+
+
+def test_global_prototypes_follow_the_local_moving_average_by_default():
+    # Eq. 11: the server updates global prototypes "similar as Eq. 9", with the same β
+    sim = simulation(tiny_config(algorithm="gldp", options={"beta": 0.25}))
+    server, d = sim.server, sim.workspace.model().feature_dim
+
+    def upload(value: float) -> Message:
+        means = torch.full((5, d), value)
+        return reply(dict(server.shared) | {MEANS: means, PRESENT: torch.tensor([True] * 2 + [False] * 3)}, 10)
+
+    server.run_round(1, [0], ScriptedComm({0: upload(4.0)}))
+    server.run_round(2, [1], ScriptedComm({1: upload(8.0)}))
+    assert torch.allclose(server.protos[:2], torch.full((2, d), 0.25 * 8 + 0.75 * 4))
+
+
 # --- the local schedule and the stage bookkeeping ------------------------------------------------
 
 
@@ -315,7 +374,7 @@ def test_head_then_body_schedule_trains_the_right_parts(monkeypatch):
     cid = 1
     start = shared_init(rt)
     _, state = fit_at(rt, cid, 1, start, {})
-    n = len(rt.views[cid].train)
+    n = len(rt.views.at(1)[cid].train)
     shared = set(start)
     assert [c["epochs"] for c in calls] == [3, None]  # head_epochs, then the run's local epochs
     assert calls[0]["changed"] == set(CLASSIFIER) and calls[0]["samples"] == 3 * n
@@ -347,12 +406,28 @@ def test_previous_stage_body_and_prototypes_feed_the_relation_loss(monkeypatch):
     _, state = fit_at(rt, cid, 3, start, state)  # stage 1: L_LPR against the end of stage 0
     assert_same(state["old_shared"], end_shared)
     assert torch.equal(state["old_protos"], end_protos)
-    stage0 = rt.stage_views[0][cid].stage_classes
+    stage0 = rt.views.at(1)[cid].stage_classes
     assert state["old_present"].nonzero().flatten().tolist() == stage0.tolist()
     assert seen and all(torch.equal(p, end_protos[stage0]) for p in seen)
     _, state = fit_at(rt, cid, 5, start, state)  # stage 2 = the last: nothing more to keep
     assert "shared" not in state and state["stage"] == 2
-    assert torch.equal(state["old_present"].nonzero().flatten(), rt.stage_views[1][cid].seen_classes)
+    assert torch.equal(state["old_present"].nonzero().flatten(), rt.views.at(3)[cid].seen_classes)
+
+
+def test_nested_stages_keep_the_body_of_the_previous_stage_task_across_rounds_of_global_optimisation():
+    config = staged(algorithm="gldp", stage_schedule=None, options={"head_epochs": 1})  # 3 stages, 2 global rounds
+    rt = runtime(config)
+    start = shared_init(rt)
+    state: dict = {}
+    ends = {}
+    for rnd in range(1, 7):  # client 2 trains every stage task of both rounds of global optimisation
+        _, state = fit_at(rt, 2, rnd, start, state)
+        if rnd > 1:  # φ_old is what it ended the previous round's stage task with
+            assert_same(state["old_shared"], ends[rnd - 1])
+        if rnd < 6:
+            ends[rnd] = state["shared"]
+    assert state["stage"] == 2 and "shared" not in state  # the run's last round: nothing follows
+    assert_same(state["old_shared"], ends[5])
 
 
 # --- prediction ----------------------------------------------------------------------------------
@@ -369,16 +444,21 @@ def test_nearest_prototype_prediction_among_held_classes_by_hand():
     protos = torch.tensor([[0.0, 0.0], [2.0, 0.0], [0.0, 2.0], [5.0, 5.0]])
     z = torch.tensor([[0.1, 0.1], [1.9, 0.1], [0.1, 1.9], [4.0, 4.0]])
     msg = Message("evaluate", {MEANS: protos, PRESENT: torch.ones(4, dtype=torch.bool)})
-    everything = gldp.prediction(model, msg, _fake_ctx([0, 1, 2, 3]), "global")
-    assert everything(z).argmax(1).tolist() == [0, 1, 2, 3]
-    held = gldp.prediction(model, msg, _fake_ctx([0, 1]), "global")  # the client holds classes 0 and 1
-    assert held(z).argmax(1).tolist() == [0, 1, 0, 1]
+
+    def scores(seen, state=None, message=msg):
+        return gldp.prediction(model, message, _fake_ctx(seen, state))(z)
+
+    assert scores([0, 1, 2, 3])["gp"].argmax(1).tolist() == [0, 1, 2, 3]
+    assert scores([0, 1])["gp"].argmax(1).tolist() == [0, 1, 0, 1]  # the client holds classes 0 and 1
     # local prototypes from the state; a held class without a prototype is never predicted
     state = {"protos": protos.flip(0), "present": torch.tensor([True, False, True, True])}
-    local = gldp.prediction(model, Message("evaluate"), _fake_ctx([0, 1, 2], state), "local")
-    assert local(z).argmax(1).tolist() == [2, 2, 2, 0]  # class 2's local prototype is (2, 0), class 0's (5, 5)
-    assert gldp.prediction(model, Message("evaluate"), _fake_ctx([0]), "global") is None  # none yet: classifier
-    assert gldp.prediction(model, msg, _fake_ctx([0, 1]), "head") is None
+    got = scores([0, 1, 2], state)
+    assert got["lp"].argmax(1).tolist() == [2, 2, 2, 0]  # class 2's local prototype is (2, 0), class 0's (5, 5)
+    assert got["gp"].argmax(1).tolist()[:3] == [0, 1, 2]  # (4, 4) ties classes 1 and 2
+    # no prototype yet (none received, none computed): the classifier's scores stand in
+    none = scores([0], message=Message("evaluate"))
+    assert torch.equal(none["gp"], model.classifier(z)) and torch.equal(none["lp"], model.classifier(z))
+    assert torch.equal(got["head"], model.classifier(z))
 
 
 @pytest.mark.parametrize("predict", ["global", "local"])
@@ -393,9 +473,12 @@ def test_client_evaluation_uses_the_prototypes_of_its_seen_classes(predict):
     global_protos = torch.rand(6, d, generator=torch.Generator().manual_seed(3))
     payload = {MEANS: global_protos, PRESENT: torch.ones(6, dtype=torch.bool)} if predict == "global" else {}
     got = evaluate_at(rt, cid, 4, start | payload, state)
+    name = gldp.PREDICT_NAMES[predict]
+    assert torch.equal(got.tensors["correct"], got.tensors[f"correct:{name}"])
+    assert {"correct:gp", "correct:lp", "correct:head"} <= set(got.tensors)
     model = rt.workspace.model("check")
     load_weights(model, start | state["classifier"])
-    view = rt.stage_views[1][cid]
+    view = rt.views.at(4)[cid]
     x, y = rt.workspace.dataset.batch(view.eval_split, view.eval_index)
     protos = global_protos if predict == "global" else state["protos"]
     with torch.no_grad():
@@ -423,6 +506,8 @@ def test_client_evaluation_uses_the_prototypes_of_its_seen_classes(predict):
         ("gldp.glpr_weighting=sqrt", "--set gldp.glpr_weighting"),
         ("gldp.global_model=ensemble", "--set gldp.global_model"),
         ("gldp.shared_weighting=cosine", "--set gldp.shared_weighting"),
+        ("gldp.glpr=sometimes", "--set gldp.glpr"),
+        ("gldp.lpr=2", "--set gldp.lpr"),
         ("gldp.mu=1", "unknown key"),
     ],
 )
@@ -430,23 +515,25 @@ def test_bad_options_are_rejected(assignment, needle):
     assert_config_error("gldp", [assignment], needle)
 
 
-def test_without_stages_and_lambda_zero_it_is_fedrep_exactly():
-    # λ = 0 switches L_GLPR off and, without stages, L_LPR is 0: FedRep's schedule on the same split
+def test_without_stages_and_without_glpr_it_is_fedrep_exactly():
+    # L_GLPR off and, without stages, L_LPR is 0: FedRep's schedule on the same split
     rep_rows, rep = run(tiny_config(algorithm="fedrep", options={"head_epochs": 2, "body_epochs": 1}))
-    options = {"lam": 0.0, "predict": "head", "shared_weighting": "samples", "global_model": "none", "head_epochs": 2,
-               "body_epochs": 1}  # fmt: skip
+    options = {"glpr": False, "predict": "head", "shared_weighting": "samples", "global_model": "none",
+               "head_epochs": 2, "body_epochs": 1}  # fmt: skip
     rows, sim = run(tiny_config(algorithm="gldp", options=options))
     keys = ["personalized_acc", "per_client_acc", "train_loss", "samples_trained"]
     assert [[r[k] for k in keys] for r in rows] == [[r[k] for k in keys] for r in rep_rows]
     assert_same(sim.server.shared, rep.server.body)
     for cid, state in rep.client_state.items():
         assert_same(sim.client_state[cid]["classifier"], state["head"])
-    # the prototype terms do change training
-    _, pulled = run(tiny_config(algorithm="gldp", options=options | {"lam": 0.5}))
+    # so does λ = 1 (only L_LPR, which is 0 without stages); the prototype pull does change training
+    lam1_rows, _ = run(tiny_config(algorithm="gldp", options=options | {"glpr": True, "lam": 1.0}))
+    assert [[r[k] for k in keys] for r in lam1_rows] == [[r[k] for k in keys] for r in rep_rows]
+    _, pulled = run(tiny_config(algorithm="gldp", options=options | {"glpr": True}))
     assert not torch.equal(pulled.server.shared["body.1.weight"], sim.server.shared["body.1.weight"])
 
 
-def test_predict_changes_evaluation_only():
+def test_predict_changes_evaluation_only_and_one_run_reports_gp_lp_and_head():
     config = staged(algorithm="gldp", options={"head_epochs": 1})
     by_predict = {p: run(config.model_copy(update={"options": {"predict": p, "head_epochs": 1}}))[0]
                   for p in ("global", "local", "head")}  # fmt: skip
@@ -454,6 +541,13 @@ def test_predict_changes_evaluation_only():
     assert losses["global"] == losses["local"] == losses["head"]
     accs = {p: [r["a_local"] for r in rows] for p, rows in by_predict.items()}
     assert accs["global"] != pytest.approx(accs["local"]) and accs["local"] != pytest.approx(accs["head"])
+    # every run carries all three named accuracies; its headline is the one predict names
+    for predict, rows in by_predict.items():
+        for row, other in zip(rows, by_predict["global"]):
+            assert row["named"] == other["named"]
+            main = row["named"][gldp.PREDICT_NAMES[predict]]
+            assert main["personalized_acc"] == row["personalized_acc"] and main["a_local"] == row["a_local"]
+            assert main["a_part"] == row["a_part"]
 
 
 def test_cli_run_with_stages(tmp_path):

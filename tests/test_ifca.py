@@ -37,7 +37,7 @@ def test_client_trains_and_evaluates_the_model_of_lowest_training_loss():
     rt = runtime(tiny_config(algorithm="ifca"))
     cid = 2
     # one model fitted to this client's data, one fresh random initialisation
-    ctx = ClientContext(cid, 1, 7, rt.views[cid], rt.workspace, rt.options)
+    ctx = ClientContext(cid, 1, 7, rt.views.at(1)[cid], rt.workspace, rt.options)
     ctx.load(rt.workspace.init_weights)
     ctx.train(epochs=5)
     fitted = ctx.weights()

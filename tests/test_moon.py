@@ -100,7 +100,7 @@ def _fedavg_fit(rt, cid: int, start: dict) -> dict:
     """FedAvg's local training, seeded as helpers.fit seeds a client task."""
     seed = derive_seed(rt.config.seed, 1, 0, cid)
     torch.manual_seed(seed)
-    ctx = ClientContext(cid, 1, seed, rt.views[cid], rt.workspace, rt.options)
+    ctx = ClientContext(cid, 1, seed, rt.views.at(1)[cid], rt.workspace, rt.options)
     ctx.load(start, role="fedavg")
     ctx.train("fedavg")
     return ctx.weights("fedavg")

@@ -83,6 +83,7 @@ SCHEME_CASES = [
     ("pathological-quantity", dict(scheme="pathological", classes_per_client=3, quantity=(50, 150)), False),
     ("dominant", dict(scheme="dominant", samples_per_client=200), False),
     ("stages", dict(scheme="stages", imbalance=10, classes_per_stage=2, stages=5), True),
+    ("stages-balanced", dict(scheme="stages", imbalance=10, classes_per_stage=4, stages=5, balanced=True), True),
 ]
 
 
@@ -238,16 +239,94 @@ def test_stages_shape(c10) -> None:
                                         val_fraction=0.1), seed=0)
     for cl in p.clients:
         assert len(cl.stages) == 3
-        seen: set[int] = set()
         for st in cl.stages:
             cls = st.classes.tolist()
-            assert len(cls) == 3 and not seen & set(cls)
-            seen |= set(cls)
+            assert len(cls) == 3 == len(set(cls))  # S distinct classes per stage task
             assert set(np.flatnonzero(st.train_counts(10)).tolist()) == set(cls)
             assert set(np.flatnonzero(st.test_counts(10)).tolist()) <= set(cls)
             assert len(st.test) > 0
     # Every class is held when N·S·M >= C, so the whole pool is used.
     assert sum(len(c.train) + len(c.val) for c in p.clients) == len(p.kept)
+
+
+def test_stage_classes_recur_and_every_class_has_an_equal_share_of_slots(c10) -> None:
+    # [20, 2, 5] on 10 classes: 200 class slots, 20 per class; classes come back in later stages
+    tr, te = c10
+    p = make_partition(tr, te, 10, _cfg(scheme="stages", classes_per_stage=2, stages=5, imbalance=10), seed=0)
+    slots = [st.classes.tolist() for cl in p.clients for st in cl.stages]
+    assert all(len(c) == 2 == len(set(c)) for c in slots)
+    assert np.bincount(np.concatenate(slots), minlength=10).tolist() == [20] * 10
+    recurs = [set(st.classes.tolist()) & {c for e in cl.stages[:k] for c in e.classes.tolist()}
+              for cl in p.clients for k, st in enumerate(cl.stages)]
+    assert sum(bool(r) for r in recurs) > 0
+    held = [len({c for st in cl.stages for c in st.classes.tolist()}) for cl in p.clients]
+    assert min(held) < 10  # not every client ends with all classes (the old rotation did)
+    # a class's samples are split evenly among its slots: sizes follow the long tail
+    sizes = [len(cl.train) for cl in p.clients]
+    assert max(sizes) > 1.2 * min(sizes)
+    assert sum(sizes) == len(p.kept)
+
+
+def test_balanced_stages_give_equal_clients_and_keep_the_long_tail(c10) -> None:
+    tr, te = c10
+    cfg = _cfg(scheme="stages", classes_per_stage=4, stages=5, imbalance=100, balanced=True)
+    p = make_partition(tr, te, 10, cfg, seed=1)
+    sizes = [len(cl.train) for cl in p.clients]
+    assert max(sizes) - min(sizes) <= 5 * 4  # M·S shards of equal size ±1
+    assert sum(sizes) == len(p.kept)  # the whole long-tailed pool: its class profile is kept
+    counts = sum(cl.train_counts(10) for cl in p.clients)
+    assert counts.tolist() == p.global_train_counts.tolist() and counts[0] > 50 * counts[9]
+    stage_sizes = [len(st.train) for cl in p.clients for st in cl.stages]
+    assert max(stage_sizes) - min(stage_sizes) <= 4
+    for cl in p.clients:
+        for st in cl.stages:  # a stage's classes are the labels of its samples
+            assert st.classes.tolist() == np.flatnonzero(st.train_counts(10)).tolist()
+    # the head class holds 40 % of the pool, more shards than slots: spread at most two per slot
+    per_slot = [len(st.classes) for cl in p.clients for st in cl.stages]
+    assert min(per_slot) >= 3
+
+
+def test_distinct_rows_removes_repeats_where_the_counts_allow() -> None:
+    from fedtail.partition.schemes import distinct_rows
+
+    rng = np.random.default_rng(0)
+    keys = np.array([[0, 0, 1], [0, 2, 2], [1, 1, 3], [3, 3, 2]])
+    perm = distinct_rows(keys, rng)
+    assert sorted(perm.tolist()) == list(range(12))
+    out = keys.reshape(-1)[perm].reshape(4, 3)
+    assert all(len(set(row)) == 3 for row in out.tolist())
+    assert sorted(out.reshape(-1).tolist()) == sorted(keys.reshape(-1).tolist())
+    # key 0 has 5 entries for 3 rows: no row without a repeat exists; they spread 2, 2, 1
+    crowded = np.array([[0, 0, 0], [0, 0, 1], [1, 2, 2]])
+    out = crowded.reshape(-1)[distinct_rows(crowded, rng)].reshape(3, 3)
+    assert sorted(int((row == 0).sum()) for row in out) == [1, 2, 2]
+    assert all(len(set(row[row != 0].tolist())) == len(row[row != 0]) for row in out)
+
+
+PAPER_STAGE_SETTINGS = [  # sthfl-gldp.txt Tables 1-3: [N, S, M] on CIFAR-10 and CIFAR-100
+    (10, 100, 4, 1), (10, 100, 5, 1), (10, 20, 4, 5), (10, 20, 5, 5),
+    (100, 100, 20, 1), (100, 100, 30, 1), (100, 20, 20, 5), (100, 20, 30, 5),
+]
+
+
+@pytest.fixture(scope="module")
+def cifar10_labels() -> tuple[np.ndarray, np.ndarray]:
+    return _labels(10, 5000, 5), _labels(10, 1000, 6)  # CIFAR-10's split sizes
+
+
+@pytest.mark.parametrize("classes,n,s,m", PAPER_STAGE_SETTINGS)
+@pytest.mark.parametrize("imbalance", [10, 50, 100])
+def test_every_paper_stage_setting_builds(cifar10_labels, c100, classes, n, s, m, imbalance) -> None:
+    tr, te = cifar10_labels if classes == 10 else c100  # CIFAR-100: 500 training images per class
+    for balanced in (True, False):
+        cfg = _cfg(scheme="stages", num_clients=n, classes_per_stage=s, stages=m, imbalance=imbalance,
+                   balanced=balanced)
+        p = make_partition(tr, te, classes, cfg, seed=0)
+        check_integrity(p, tr, te, whole_pool=True)
+        assert all(len(cl.stages) == m for cl in p.clients) and len(p.clients) == n
+        if balanced:
+            sizes = [len(cl.train) for cl in p.clients]
+            assert max(sizes) - min(sizes) <= m * s
 
 
 def test_summary_json_shape(c10, tmp_path) -> None:
@@ -311,7 +390,7 @@ def test_config_forbids_unknown_fields() -> None:
 @pytest.mark.parametrize("kw,msg", [
     (dict(scheme="pathological", classes_per_client=12), r"--classes-per-client must be in 1..10 \(got 12\)"),
     (dict(scheme="dominant", groups=11), "--groups"),
-    (dict(scheme="stages", classes_per_stage=3, stages=4), "--classes-per-stage"),
+    (dict(scheme="stages", classes_per_stage=11, stages=1), r"--classes-per-stage must be in 1..10"),
 ])
 def test_check_needs_num_classes(c10, kw, msg) -> None:
     cfg = PartitionConfig(**kw)

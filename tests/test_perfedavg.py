@@ -96,7 +96,7 @@ def test_client_takes_beta_steps_along_the_meta_gradient(variant):
     # the same batches the client drew: its task's stream, k consecutive batches
     k = 2 if variant == "fo" else 3
     generator = torch.Generator().manual_seed(derive_seed(config.seed, 1, 0, cid))
-    stream = shuffled_batches(rt.views[cid].train, config.train.batch_size, generator)
+    stream = shuffled_batches(rt.views.at(1)[cid].train, config.train.batch_size, generator)
     dataset = rt.workspace.dataset
     batches = [dataset.batch(dataset.train, next(stream)) for _ in range(k)]
     model = rt.workspace.model("check")
@@ -113,7 +113,7 @@ def test_local_steps_share_out_the_epochs_batches():
     config = tiny_config(algorithm="perfedavg", train={"local_epochs": 2}, options={"steps": "epochs"})
     rt = runtime(config)
     for cid in range(3):
-        n = len(rt.views[cid].train)
+        n = len(rt.views.at(1)[cid].train)
         per_epoch = -(-n // config.train.batch_size)
         for variant, k in (("fo", 2), ("hf", 3)):
             set_options(rt, config, variant=variant, steps="epochs")
@@ -169,7 +169,7 @@ def test_null_beta_is_the_runs_learning_rate():
 
 
 def _plain_evaluate(rt, cid: int, weights: dict) -> Message:
-    ctx = ClientContext(cid, 1, 0, rt.views[cid], rt.workspace, rt.options)
+    ctx = ClientContext(cid, 1, 0, rt.views.at(1)[cid], rt.workspace, rt.options)
     return ClientHalf().evaluate(Message("evaluate", weights), ctx)
 
 
@@ -187,7 +187,7 @@ def test_evaluation_adapts_with_eval_steps_sgd_steps_of_alpha():
     scored = evaluate(rt, cid, glob, {})
     # one step w − α∇f(w; B) on the first batch of the evaluation task's stream
     generator = torch.Generator().manual_seed(derive_seed(config.seed, 1, EVAL_CALL, cid))
-    index = next(shuffled_batches(rt.views[cid].train, config.train.batch_size, generator))
+    index = next(shuffled_batches(rt.views.at(1)[cid].train, config.train.batch_size, generator))
     x, y = rt.workspace.dataset.batch(rt.workspace.dataset.train, index)
     model = rt.workspace.model("check")
     model.load_state_dict(glob)

@@ -108,6 +108,12 @@ class RunConfig(BaseModel):
         description="--rounds-per-stage: rounds of each stage task with --partition stages "
         "(default rounds / stages; rounds must equal rounds_per_stage × stages)",
     )
+    stage_schedule: Literal["nested", "blocks"] | None = Field(
+        None,
+        description="--stage-schedule with --partition stages: nested (default: every round of global "
+        "optimisation runs the M stage tasks in turn, one communication round each, as the GLDP paper's "
+        "Algorithm 1) or blocks (M consecutive blocks of rounds, one stage task each)",
+    )
     seed: int = Field(0, ge=0)
     workers: int = Field(1, ge=1, description="--workers: client-training processes")
     threads: int = Field(1, ge=1, description="--threads: intra-op threads per client computation")
@@ -180,9 +186,23 @@ class RunConfig(BaseModel):
         if info.context and not info.context.get("rounds", True):
             return self  # `fedtail partition` cuts the data and runs no rounds
         if self.partition.scheme != "stages":
+            for flag, value in (("--rounds-per-stage", rps), ("--stage-schedule", self.stage_schedule)):
+                if value is not None:
+                    raise ValueError(
+                        f"{flag} only applies to --partition stages (got --partition {self.partition.scheme})"
+                    )
+            return self
+        if self.schedule == "nested":
             if rps is not None:
                 raise ValueError(
-                    f"--rounds-per-stage only applies to --partition stages (got --partition {self.partition.scheme})"
+                    "--rounds-per-stage only applies to --stage-schedule blocks: with nested stages every "
+                    "round of global optimisation is --stages rounds, one per stage task"
+                )
+            if self.rounds % m:
+                raise ValueError(
+                    f"--rounds {self.rounds} must be a multiple of --stages {m}: with --stage-schedule nested "
+                    "each round of global optimisation runs the stage tasks in turn, one round each; "
+                    "change --rounds or --stages"
                 )
             return self
         if rps is None and self.rounds % m:
@@ -204,6 +224,8 @@ class RunConfig(BaseModel):
         # holding them) stays as it was before the option existed.
         if self.rounds_per_stage is None:
             data.pop("rounds_per_stage", None)
+        if self.stage_schedule is None:  # likewise
+            data.pop("stage_schedule", None)
         if self.checkpoint_every == CHECKPOINT_EVERY:  # likewise: the default leaves config.json as it was
             data.pop("checkpoint_every", None)
         if self.faults == FaultConfig():  # likewise
@@ -215,23 +237,74 @@ class RunConfig(BaseModel):
         return data
 
     # -- the stage schedule (GLDP's stage tasks; one stage for every other partition) ---------
+    # Rounds are communication rounds (one aggregation each), 1-based. With stage tasks:
+    # - blocks: rounds 1..R/M train stage 0, the next R/M stage 1, ...;
+    # - nested: round r trains stage (r − 1) mod M; M consecutive rounds make one round of
+    #   global optimisation, whose clients are sampled once (Algorithm 1 of the GLDP paper).
+    @property
+    def has_stages(self) -> bool:
+        """Whether the run has stage tasks (--partition stages, any M, M = 1 included)."""
+        return self.partition.scheme == "stages"
+
     @property
     def num_stages(self) -> int:
         """M: stage tasks per client with --partition stages, else 1."""
-        return self.partition.stages if self.partition.scheme == "stages" else 1
+        return self.partition.stages if self.has_stages else 1
+
+    @property
+    def schedule(self) -> str | None:
+        """"nested" or "blocks" with stage tasks (None without)."""
+        return (self.stage_schedule or "nested") if self.has_stages else None
 
     @property
     def stage_rounds(self) -> int:
-        """Rounds per stage: M consecutive equal blocks of the run's rounds."""
+        """Rounds per stage in a block (blocks); 1 with nested stages, the run's rounds without."""
+        if self.schedule == "nested":
+            return 1
         return self.rounds_per_stage or self.rounds // self.num_stages
 
     def stage_of(self, rnd: int) -> int:
-        """The 0-based stage of round ``rnd`` (1-based): rounds 1..R/M are stage 0, and so on."""
-        return (rnd - 1) // self.stage_rounds if self.num_stages > 1 else 0
+        """The 0-based stage task trained in round ``rnd`` (1-based); 0 without stages."""
+        if self.num_stages == 1:
+            return 0
+        if self.schedule == "nested":
+            return (rnd - 1) % self.num_stages
+        return (rnd - 1) // self.stage_rounds
+
+    def seen_stages(self, rnd: int) -> int:
+        """How many stage tasks have been trained by the end of round ``rnd`` (the evaluation's
+        stages 0..this − 1): the stage + 1 with blocks; with nested stages the same in the first
+        round of global optimisation and M after it."""
+        if self.schedule == "nested":
+            return min(rnd, self.num_stages)
+        return self.stage_of(rnd) + 1
+
+    def global_round(self, rnd: int) -> int:
+        """The round of global optimisation of round ``rnd``: ⌈rnd / M⌉ with nested stages, else rnd."""
+        return -(-rnd // self.num_stages) if self.schedule == "nested" else rnd
 
     def is_stage_end(self, rnd: int) -> bool:
-        """Whether ``rnd`` is the last round of a stage (of the run, without stages)."""
-        return rnd % self.stage_rounds == 0 if self.num_stages > 1 else rnd == self.rounds
+        """Whether ``rnd`` ends a stage block (blocks), a round of global optimisation (nested), the run (no stages)."""
+        if self.schedule == "nested":
+            return rnd % self.num_stages == 0
+        return rnd % self.stage_rounds == 0 if self.has_stages else rnd == self.rounds
+
+    def evaluates(self, rnd: int) -> bool:
+        """Whether round ``rnd`` is evaluated: every ``eval_every`` rounds and at every stage end
+        and the last round; with nested stages at the end of every ``eval_every``-th round of global
+        optimisation and the last round (its clients have then trained all the round's stage tasks)."""
+        if self.schedule == "nested":
+            return self.is_stage_end(rnd) and (self.global_round(rnd) % self.eval_every == 0 or rnd == self.rounds)
+        return rnd % self.eval_every == 0 or self.is_stage_end(rnd) or rnd == self.rounds
+
+    def has_later_stage(self, rnd: int) -> bool:
+        """Whether some round after ``rnd`` trains another stage task (a client may need what it ends
+        this stage with)."""
+        if self.num_stages == 1:
+            return False
+        if self.schedule == "nested":
+            return rnd < self.rounds
+        return self.stage_of(rnd) < self.num_stages - 1
 
     @property
     def clients_per_round(self) -> int:
@@ -352,6 +425,7 @@ FLAG_KEYS: dict[str, tuple[str, ...]] = {
     "fraction": ("fraction",),
     "rounds": ("rounds",),
     "rounds_per_stage": ("rounds_per_stage",),
+    "stage_schedule": ("stage_schedule",),
     "local_epochs": ("train", "local_epochs"),
     "local_steps": ("train", "local_steps"),
     "batch_size": ("train", "batch_size"),

@@ -205,6 +205,11 @@ class Algorithm:
     edge: type[EdgeHalf] | None = None
     has_global_model: bool = True
     reference: Reference = field(default_factory=Reference)
+    # False: every client is evaluated with the global model (FedAvg, FedProx, FEDIC, CReFF, ...),
+    # the method has no personalised model; with stage tasks the engine then takes each client's
+    # latest locally trained model (its last upload) as its local model for A_local
+    # (fedtail.metrics.stages).
+    personal_model: bool = True
     registry: ClassVar[dict[str, "Algorithm"]] = {}
 
     def __post_init__(self) -> None:

@@ -197,4 +197,5 @@ CREFF = Algorithm(
     server=CReFFServer,
     client=CReFFClient,
     config=CReFFConfig,
+    personal_model=False,
 )

@@ -55,4 +55,5 @@ FEDAVG = Algorithm(
     server=FedAvgServer,
     client=FedAvgClient,
     reference=Reference(PFLLIB),
+    personal_model=False,
 )

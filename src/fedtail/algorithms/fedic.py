@@ -415,4 +415,5 @@ FEDIC = Algorithm(
     server=FEDICServer,
     client=FEDICClient,
     config=FEDICConfig,
+    personal_model=False,
 )

@@ -84,4 +84,5 @@ FEDNOVA = Algorithm(
     summary="FedNova (Wang et al. 2020): average of step-normalised updates, rescaled by the effective steps",
     server=FedNovaServer,
     client=FedNovaClient,
+    personal_model=False,
 )

@@ -72,4 +72,5 @@ FEDPROX = Algorithm(
     client=FedProxClient,
     config=FedProxConfig,
     reference=Reference(PFLLIB),
+    personal_model=False,
 )

@@ -2,89 +2,109 @@
 
 Guo, Wang, Lin, Yang and Geng, "STHFL: Spatio-Temporal Heterogeneous Federated Learning",
 arXiv:2501.05775, 2025 (Sec. 4, Algorithm 1). The text we have lost its equations, and the
-authors published no code; the parts fixed by the first author's sibling project FedPRP (the
-same design) are stated below as facts ("code"), the rest is marked *interpretation*.
+authors published no code. Below, every sentence of the paper that fixes a choice is quoted
+beside it; parts fixed by the first author's sibling project FedPRP (the same design) are
+marked "code"; the rest is *reconstructed* (listed at the end) and, where it matters, an option.
 
-Model and communication. Client k's model is a shared representation φ (every layer but the
-final classifier: the body and any head layers before the classifier) and a personalised final
-classifier w_k (``model.classifier_keys()``, the head's last Linear), which never leaves the
-client. The server averages the online clients' shared layers uniformly (code),
+Model and communication. "The participating clients train a common underlying representation
+and their respective personalized representations" (Sec. 1); the model "contains two parts which
+are the representation layer φ and the classification layer θ" (Sec. 4.1), and "we only
+transfer the shared presentation layer to the server-side aggregation" (Sec. 4.1). So φ is every
+layer but the final classifier (the body and any head layers before the classifier), θ_k
+(``model.classifier_keys()``) never leaves client k. "At the m-th stage of t-th global round"
+the server aggregates φ over "the set of selected clients" (Eq. 5, lost): uniformly over the
+online clients (code; ``shared_weighting = samples`` weights by training size, as FedAvg), and a
+client is evaluated with the current φ and its own θ_k (its initial θ_k: the run's common one).
 
-    φ^{t+1} = (1/|S_t|) · Σ_{k∈S_t} φ_k,
+Schedule. "Algorithm 1 describes the specific optimization process of the multi-stage local
+model in one round of global optimization", of time complexity about O(M·E) per round, and "we
+update the local model via optimizing Eq. 12, and then aggregate parameter and local prototype
+in central server to obtain the global model and global prototype set for the next stage": the
+engine's default ``--stage-schedule nested`` (each round of global optimisation trains the M
+stage tasks in turn, one communication round each; ``blocks`` is the alternative). Locally (code)
+θ_k first, for ``head_epochs`` (5) epochs with φ frozen, loss CE (the prototype losses depend on φ
+only); then φ with θ_k frozen for ``body_epochs`` epochs (Eqs. 3-4 update φ and θ "with different
+times"), loss (Eq. 12)
 
-and a client is evaluated with the current φ and its own w_k (its initial w_k: the run's common
-initial classifier; *interpretation*: FedRep's reading of a personalised model, rather than the
-client's own trained φ_k of its last round).
+    L = CE + λ · L_LPR + (1 − λ) · L_GLPR,          λ = 0.5.
 
-Local schedule (code): the classifier for ``head_epochs`` (5) epochs with φ frozen, loss CE
-(the prototype losses depend on φ only, so they would add nothing there); then φ with the
-classifier frozen for ``body_epochs`` epochs, loss
+λ's side: "λ is a hyperparameter representing the ratio of the two loss functions of L_LPR and
+L_GLPR" (Sec. 4.2), and the ablation (Sec. 5.4): "When λ = 0, it means that the client only uses
+the global-local relationship loss ... When λ = 1, it means that there is no interactive learning
+of prototype knowledge among clients, only local prototype learning in the pre-stage and
+post-stage", with "performance drops 9.58% without global-local prototype relation loss" the
+λ = 1 row of Table 4 (36.82 − 27.24 on CIFAR-100). "We set λ = 0.5 to trade off the global and
+local prototype learning" (Sec. 5.1). Table 4's row without both losses ("their joint absence")
+is ``glpr = false, lpr = false``; ``glpr`` / ``lpr`` switch one term off whatever λ.
 
-    L = CE + λ · L_GLPR + (1 − λ) · L_LPR,          λ = 0.5.                               (12)
-
-Prototypes. z = φ(x) is the classifier's input. After the local epochs the client computes
-c_new^j = mean of z over its current training samples of class j (with the trained model in
-inference mode, *interpretation*: Eq. 6 read literally) and updates its local prototypes
-(Eq. 9, code, β = 0.5)
+Prototypes. z = φ(x) is the classifier's input. Local prototype (Eq. 6): the mean of z over the
+client's current training samples of class j, computed after the local epochs with the trained
+model in inference mode. Eq. 9: "the j-th local prototype is updated to retain the learned
+knowledge of the old class new samples according to the moving average", "we set β = 0.5 for old
+classes in order to tradeoff the new and old sample knowledge of the same class", and "the
+prototype of the new class is added directly":
 
     c_k^j ← β · c_new^j + (1 − β) · c_k^j   for classes it already has a prototype of,
-    c_k^j ← c_new^j                          for new classes,
+    c_k^j ← c_new^j                          for new classes.
 
-and uploads all its local prototypes (the classes it holds so far). Global prototypes (code):
-C^j = mean of the online clients' local prototypes of class j over the clients holding j.
+The client uploads all its local prototypes (the classes it holds so far). Global prototypes:
+"for each label, we have a prototype which is calculated by averaging the embedding vectors of
+the same label in different clients", "updated on server-side similar as Eq. 9" over "K_j, the
+set of clients that have class j" (Eq. 11), and "the global-local prototypes are updated through
+the moving average method" (abstract):
 
-Prediction (Eq. 13, code): ŷ = argmin_j ‖φ(x) − c^j‖² over the classes the client holds that
-have a prototype; with the global prototypes "GLDP-GP", with its local ones "GLDP-LP". "Holds"
-(*interpretation*): with stage tasks the classes of its stages 0..m, without them the classes
-in its training data.
+    C^j ← β_g · mean_{k ∈ K_j} c_k^j + (1 − β_g) · C^j    (β_g = ``global_beta``, default β),
 
-Losses (a reconstruction of Eqs. 7, 8, 10; the form of p and τ's place are FedPRP's code):
+new classes added directly; classes held by no online client keep their prototype.
+(``global_beta = 1`` replaces C^j by the mean, as FedPRP's code does.)
 
-- p(y = j | x; c) = softmax_j(cos(z, c^j) / τ), τ = 0.07: the cosine similarity of the
-  L2-normalised representation and prototype, divided by τ (code). FedPRP's prototype relation
-  term scores features against class prototypes by the "pairwise cosine similarity" of the
-  unit-length vectors divided by its ``temperature`` (default 0.07); its MSE term to the global
-  prototypes (our L_GLPR) has no temperature. (FedPRP's code negates that similarity, a sign
-  apparently kept from a distance-based version; here the most similar prototype gets the
-  highest probability, as Eq. 13 predicts the nearest one: *interpretation*.) With scores in
-  [−1, 1] the logits stay within ±1/τ ≈ 14, so L_LPR ≤ 4/τ and ‖∂L_LPR/∂z_i‖ ≤ 2/(B·τ·‖z_i‖)
-  whatever the features' scale.
-  *Why not distances*: an earlier reading here used softmax_j(−‖z − c^j‖²/τ). With raw
-  features (norms about 20 for cnn-fmnist) squared distances are in the hundreds and ÷ 0.07
-  logit gaps in the thousands: the teacher p is exactly one-hot, L_LPR is −log of a vanishing
-  probability and its gradient grows with the distances. On fmnist stages (20 clients, IF 10)
-  L_LPR reached 3.7·10¹² and CE 2·10¹⁴ by round 3, and the loss was NaN at round 4.
-  ``relation = "distance"`` keeps that reading for comparison only: it diverges at τ = 0.07.
-- L_LPR = KL(p(·|x; c_old, φ_old) ‖ p(·|x; c_old, φ)) over the current stage's samples, batch
-  mean: c_old are the client's local prototypes and φ_old its own trained shared layers at the
-  end of its previous stage (the last stage in which it trained), kept in ``ctx.state`` and
-  run in a workspace model in inference mode. It is 0 in stage 0, in runs without stage tasks,
-  and for a client that trained in no earlier stage.
-- L_GLPR = Σ_i w_{y_i} · ‖z_i − C^{y_i}‖² / (B·d) (``alignment = mse``: FedPRP's MSE between
-  the features and their class's global prototype, the FedProto/FedPAC convention; ``l2sq``
-  divides by B only), samples whose label has no global prototype adding 0. It involves no τ
-  (a pull, linear in z − C, not a softmax over distances).
-  ``glpr_weighting = inverse_frequency`` gives the client's few-sample classes more weight:
-  w_j = n_k / (J_k · n_k^j), with n_k^j the client's current training samples of class j,
-  n_k = Σ_j n_k^j and J_k the number of classes present; every class then weighs the same in
-  total (n_k^j · w_j = n_k / J_k) and a balanced client has w ≡ 1. ``none``: w ≡ 1.
+Prediction (Eq. 13): "we use the distance between the test sample's embedding representation
+vector and the prototype to obtain the predicted label", with "c_k^j the j-th local prototype of
+k-th client, and can be replaced with the C^j of the j-th global prototype on testing"; "the
+GLDP-GP is the prediction obtained using the global prototype ..., while the result predicted
+using the local prototype is recorded as GLDP-LP" (Sec. 5.2). Every evaluation reports three
+named accuracies of the same model: ``gp`` (nearest global prototype), ``lp`` (nearest local
+prototype) and ``head`` (the classifier θ_k); ``predict`` picks the headline one (default
+``global``: GLDP-GP). A client without a usable prototype is scored by its classifier.
 
-Other *interpretations* and options:
+Losses (a reconstruction of Eqs. 7, 8 and 10):
 
-- ``body_epochs`` (default: the run's --local-epochs, or --local-steps): the code trains the
-  shared layers for 25 epochs per round (``--set gldp.body_epochs=25``); following the run's
-  setting keeps GLDP's budget comparable with the other methods'. ``head_epochs`` = 5 (code).
-- ``global_beta`` (default 1, the code: replace): the paper says the server updates global
-  prototypes "similar to Eq. 9"; ``global_beta`` < 1 is that moving average,
-  C^j ← β_g · mean + (1 − β_g) · C^j, for classes that had a global prototype. Classes held by
-  no online client keep their previous global prototype (the paper adds new classes to a
-  persistent global set).
-- ``shared_weighting`` (default ``uniform``, code): ``samples`` weights φ_k by the client's
-  current training size as FedAvg does.
-- ``predict`` (default ``global``): ``global`` (GLDP-GP), ``local`` (GLDP-LP) or ``head`` (the
-  client's classifier). The engine evaluates each client once per evaluation and keeps only the
-  counts, so GP and LP accuracies need two runs (same training: ``predict`` only changes
-  evaluation). A client without any usable prototype yet is evaluated with its classifier.
+- L_LPR (Eqs. 7-8): "a local prototype relation loss to guide the prototype at the new stage by
+  the one at the previous stage. If the local prototype of class j exists at the k-th client,
+  the loss at the m-th stage is defined as [a Kullback-Leibler divergence], where c_old
+  represents the locally old class prototype of previous stages", p "the corresponding
+  prediction probability" of the samples under the old prototypes and a local model. Here
+  L_LPR = KL(p(·|x; c_old, φ_old) ‖ p(·|x; c_old, φ)) over the current stage's samples, batch
+  mean, with p(y = j | x; c) = softmax_j(cos(z, c^j) / τ), τ = 0.07 (code: FedPRP scores
+  features against prototypes by the "pairwise cosine similarity" of unit vectors over its
+  ``temperature`` 0.07; it negates that similarity, apparently a leftover of a distance-based
+  version; here the most similar prototype gets the highest probability, as Eq. 13 predicts
+  the nearest one). c_old are the client's local prototypes and φ_old its own trained shared
+  layers at the end of the previous stage task it trained, kept in ``ctx.state`` and run in a
+  workspace model in inference mode. It is 0 before a client has trained another stage, and in
+  runs without stage tasks. With scores in [−1, 1] the logits stay within ±1/τ, so
+  L_LPR ≤ 4/τ and ‖∂L_LPR/∂z_i‖ ≤ 2/(B·τ·‖z_i‖) whatever the features' scale.
+  *Why not distances*: softmax_j(−‖z − c^j‖²/τ) (``relation = "distance"``, kept for comparison
+  only) has logit gaps in the thousands with raw features (norms about 20 for cnn-fmnist): on
+  fmnist stages L_LPR reached 3.7·10¹² and CE 2·10¹⁴ by round 3, NaN at round 4.
+- L_GLPR (Eq. 10): "a global-local prototype relation loss to make the local prototype
+  approximate to the global prototype. In this way, the biased local model caused by the class
+  with few samples is reduced", with "n_k^j the number of instances belonging to class j over
+  k-th client and c_k^j the local prototype of the j-th label". Here, per sample,
+  L_GLPR = Σ_i w_{y_i} · ‖z_i − C^{y_i}‖² / (B·d) (``alignment = mse``; ``l2sq`` divides by B
+  only), samples whose label has no global prototype adding 0, with w_j = n_k / (J_k · n_k^j)
+  (``glpr_weighting = inverse_frequency``: n_k^j the client's current training samples of class
+  j, n_k = Σ_j n_k^j, J_k the classes present), so every class weighs the same in total
+  (n_k^j · w_j = n_k / J_k): the mean over classes of (1/n_k^j) Σ_{i∈j} ‖z_i − C^j‖², which is
+  ‖c_k^j − C^j‖² (the paper's local-to-global prototype distance, with c_k^j the class mean of
+  Eq. 6) plus the class's feature variance. Per sample, its batch estimate is unbiased for the
+  whole-data prototype c_k^j; a distance of batch means would not be. ``none``: w ≡ 1.
+
+Other options:
+
+- ``body_epochs`` (default: the run's --local-epochs, or --local-steps; "we set the number of
+  local training epoch E" for all methods): FedPRP's code trains the shared layers 25 epochs per
+  round (``--set gldp.body_epochs=25``). ``head_epochs`` = 5 (code).
 - ``global_model`` (the model behind global_acc / A_global). The paper's "global model" is the
   averaged φ with nearest-prototype prediction: its two STHFL tables (Sec. 5.3, A_global and
   A_local) give GLDP-GP/LP the very same numbers in every setting they share, i.e. each
@@ -102,6 +122,14 @@ Other *interpretations* and options:
   multi-layer heads (cnn2fc, alexnet-small).
 - Memory: with stage tasks a client keeps its latest trained shared layers (for φ_old) besides
   its classifier and prototypes, two copies at a stage change; without stages none.
+
+*Reconstructed* (the paper's text does not fix them): the aggregation weights of Eq. 5 (uniform,
+code); the form of p in Eq. 8 (cosine / τ, code) and which model produces p_old (the client's φ at
+the end of its previous stage task); Eq. 10's per-sample form and class weights; the local
+schedule (classifier first, code); the classes a prediction chooses among ("holds": the classes
+of the client's stages trained so far, or of its training data without stages); the evaluated
+model of a client that never trained (φ with the initial classifier); the global model
+(``global_model``).
 
 Missing replies (``--dropout``, rejected replies): φ, the global prototypes (over the replying
 holders of each class) and the mean classifier average the replies that arrived; a class none of
@@ -137,22 +165,29 @@ OLD_ROLE = "gldp.old"  # workspace model holding the client's shared layers of i
 
 
 class GLDPConfig(AlgorithmConfig):
-    lam: float = Field(0.5, ge=0, le=1, description="λ: L = CE + λ·L_GLPR + (1−λ)·L_LPR")
+    lam: float = Field(
+        0.5, ge=0, le=1, description="λ: L = CE + λ·L_LPR + (1−λ)·L_GLPR (0: only L_GLPR, 1: only L_LPR)"
+    )
+    glpr: bool = Field(True, description="the global-local prototype relation loss L_GLPR (false: off, ablation)")
+    lpr: bool = Field(True, description="the local prototype relation loss L_LPR (false: off, ablation)")
     tau: float = Field(0.07, gt=0, description="τ: temperature of p(j|x) = softmax_j(cos(z, c_j)/τ) in L_LPR")
     relation: Literal["cosine", "distance"] = Field(
         "cosine",
         description="L_LPR scores: cos(z, c_j)/τ (FedPRP), or −‖z − c_j‖²/τ (earlier reading; diverges at τ = 0.07)",
     )
     beta: float = Field(0.5, gt=0, le=1, description="β: local prototypes c ← β·c_new + (1−β)·c_old")
-    global_beta: float = Field(
-        1.0, gt=0, le=1, description="global prototypes C ← β_g·mean + (1−β_g)·C_old (1: replace, as the code)"
+    global_beta: float | None = Field(
+        None, gt=0, le=1,
+        description="β_g: global prototypes C ← β_g·mean + (1−β_g)·C_old (null: β, Eq. 11; 1: replace, as FedPRP)",
     )
     head_epochs: int = Field(5, ge=1, description="epochs on the final classifier (shared layers frozen), first")
     body_epochs: int | None = Field(
         None, ge=1, description="epochs on the shared layers (classifier frozen), second (null: the run's local epochs)"
     )
     predict: Literal["global", "local", "head"] = Field(
-        "global", description="nearest global prototype (GLDP-GP), local prototype (GLDP-LP), or the classifier"
+        "global",
+        description="the headline accuracy: nearest global prototype (GLDP-GP), local prototype (GLDP-LP) or the "
+        "classifier (all three are reported as the named accuracies gp, lp, head)",
     )
     glpr_weighting: Literal["inverse_frequency", "none"] = Field(
         "inverse_frequency", description="L_GLPR weight of class j: n_k/(J_k·n_k^j) (few-sample classes more), or 1"
@@ -291,7 +326,7 @@ def gldp_loss(
     glpr: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None,
     lpr: tuple[SplitModel, torch.Tensor] | None,
 ) -> FeatureLoss:
-    """λ·L_GLPR + (1−λ)·L_LPR as ``ctx.train(feature_loss=...)``.
+    """λ·L_LPR + (1−λ)·L_GLPR as ``ctx.train(feature_loss=...)``.
 
     ``glpr``: (global prototypes, their mask, class weights); ``lpr``: (the model holding the
     previous stage's shared layers, the old local prototypes of the classes that have one).
@@ -301,12 +336,12 @@ def gldp_loss(
         z = representation(model, features)
         total = z.new_zeros(())
         if glpr is not None:
-            total = total + opts.lam * weighted_target_loss(z, y, *glpr, opts.alignment)
+            total = total + (1 - opts.lam) * weighted_target_loss(z, y, *glpr, opts.alignment)
         if lpr is not None:
             old, protos = lpr
             with torch.no_grad():
                 z_old = embed(old, x)
-            total = total + (1 - opts.lam) * relation_loss(z_old, z, protos, opts.tau, opts.relation)
+            total = total + opts.lam * relation_loss(z_old, z, protos, opts.tau, opts.relation)
         return total
 
     return term
@@ -349,15 +384,14 @@ class GLDPServer(ServerHalf):
                 heads.add({k: t[k] for k in self.classifier}, 1.0)
         self.shared = shared.result()
         means, present = protos.result()
-        self.protos, self.present = moving_average(self.protos, self.present, means, present, opts.global_beta)
+        beta = opts.beta if opts.global_beta is None else opts.global_beta
+        self.protos, self.present = moving_average(self.protos, self.present, means, present, beta)
         if opts.global_model == "mean_classifier":
             self.classifier = heads.result()
         comm.log(gldp_classes=int(self.present.sum()))
 
     def evaluation_message(self, cid: int) -> Message:
-        opts: GLDPConfig = self.ctx.options
-        protos = global_prototypes(self.protos, self.present) if opts.predict == "global" else {}
-        return Message("evaluate", self.shared | protos)
+        return Message("evaluate", self.shared | global_prototypes(self.protos, self.present))
 
     def global_weights(self) -> Tensors | None:
         opts: GLDPConfig = self.ctx.options
@@ -400,8 +434,8 @@ class GLDPClient(ClientHalf):
     def fit(self, msg: Message, ctx: ClientContext) -> Message:
         opts: GLDPConfig = ctx.options
         state = ctx.state
-        if "stage" in state and state["stage"] < ctx.stage and "shared" in state:
-            # First round of a new stage: what the client ended its previous stage with.
+        if "stage" in state and state["stage"] != ctx.stage and "shared" in state:
+            # First round of another stage task: what the client ended its previous one with.
             state["old_shared"] = state.pop("shared")
             state["old_protos"], state["old_present"] = state["protos"].clone(), state["present"].clone()
         model = self._load(msg, ctx)
@@ -410,7 +444,7 @@ class GLDPClient(ClientHalf):
 
         state["classifier"] = ctx.weights(keys=model.classifier_keys())
         shared = ctx.weights(keys=shared_keys(model))
-        if opts.lam < 1 and ctx.stage < ctx.workspace.config.num_stages - 1:
+        if uses_lpr(opts) and ctx.workspace.config.has_later_stage(ctx.rnd):
             state["shared"] = shared  # L_LPR's φ_old, should this turn out to be the stage's last round
         state["stage"] = ctx.stage
         stats = representation_statistics(model, ctx.dataset, ctx.data.train)
@@ -423,16 +457,16 @@ class GLDPClient(ClientHalf):
         return ctx.reply(out)
 
     def _loss(self, msg: Message, ctx: ClientContext) -> FeatureLoss | None:
-        """λ·L_GLPR + (1−λ)·L_LPR, or None where both are off (round 1, stage 0, λ at an end)."""
+        """λ·L_LPR + (1−λ)·L_GLPR, or None where both are off (round 1, stage 0, λ at an end)."""
         opts: GLDPConfig = ctx.options
         glpr = None
         target = prototype_payload(msg)
-        if target is not None and opts.lam > 0:
+        if target is not None and opts.glpr and opts.lam < 1:
             labels = ctx.dataset.train.y[ctx.data.train]
             weights = glpr_class_weights(torch.bincount(labels, minlength=ctx.num_classes), opts.glpr_weighting)
             glpr = (*target, weights)
         lpr = None
-        if "old_shared" in ctx.state and opts.lam < 1 and bool(ctx.state["old_present"].any()):
+        if "old_shared" in ctx.state and uses_lpr(opts) and bool(ctx.state["old_present"].any()):
             old = ctx.load(ctx.state["old_shared"], role=OLD_ROLE, strict=False)
             old.eval()  # a fixed teacher: no dropout, BatchNorm running statistics
             lpr = (old, ctx.state["old_protos"][ctx.state["old_present"]])
@@ -441,27 +475,44 @@ class GLDPClient(ClientHalf):
     def evaluate(self, msg: Message, ctx: ClientContext) -> Message:
         opts: GLDPConfig = ctx.options
         model = self._load(msg, ctx)
-        scores = prediction(model, msg, ctx, opts.predict)
-        return ctx.evaluate() if scores is None else ctx.evaluate(predict=scores)
+        return ctx.evaluate(predict=prediction(model, msg, ctx), main=PREDICT_NAMES[opts.predict])
 
 
-def prediction(
-    model: SplitModel, msg: Message, ctx: ClientContext, predict: str
-) -> Callable[[torch.Tensor], torch.Tensor] | None:
-    """Nearest-prototype scores among the held classes that have a prototype (None: use the classifier)."""
-    if predict == "head":
-        return None
-    if predict == "global":
-        target = prototype_payload(msg)
-    else:
-        target = (ctx.state["protos"], ctx.state["present"]) if "protos" in ctx.state else None
+# ``predict`` option -> the name of its accuracy among the evaluation's named accuracies
+PREDICT_NAMES = {"global": "gp", "local": "lp", "head": "head"}
+
+
+def uses_lpr(opts: GLDPConfig) -> bool:
+    return opts.lpr and opts.lam > 0
+
+
+def nearest(
+    z: torch.Tensor, target: tuple[torch.Tensor, torch.Tensor] | None, held: torch.Tensor
+) -> torch.Tensor | None:
+    """Nearest-prototype scores among the held classes that have a prototype (None: none has)."""
     if target is None:
         return None
     protos, present = target
-    usable = present & held_classes(ctx)
-    if not bool(usable.any()):
-        return None
-    return lambda x: nearest_prototype_scores(embed(model, x), protos, usable)
+    usable = present & held
+    return nearest_prototype_scores(z, protos, usable) if bool(usable.any()) else None
+
+
+def prediction(
+    model: SplitModel, msg: Message, ctx: ClientContext
+) -> Callable[[torch.Tensor], dict[str, torch.Tensor]]:
+    """The three named scores of one pass: ``gp`` / ``lp``, the nearest global / local prototype
+    among the held classes (the classifier's scores where none of them has one), ``head``."""
+    held = held_classes(ctx)
+    global_target = prototype_payload(msg)
+    local_target = (ctx.state["protos"], ctx.state["present"]) if "protos" in ctx.state else None
+
+    def scores(x: torch.Tensor) -> dict[str, torch.Tensor]:
+        z = embed(model, x)
+        head = model.classifier(z)
+        gp, lp = nearest(z, global_target, held), nearest(z, local_target, held)
+        return {"gp": head if gp is None else gp, "lp": head if lp is None else lp, "head": head}
+
+    return scores
 
 
 GLDP = Algorithm(

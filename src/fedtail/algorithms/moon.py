@@ -106,4 +106,5 @@ MOON = Algorithm(
     client=MOONClient,
     config=MOONConfig,
     reference=Reference(PFLLIB, head="last"),
+    personal_model=False,
 )

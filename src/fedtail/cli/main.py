@@ -117,7 +117,12 @@ def run(
     fraction: Optional[float] = typer.Option(None, help="fraction of clients per round, in (0, 1]"),
     rounds: Optional[int] = typer.Option(None, help="communication rounds"),
     rounds_per_stage: Optional[int] = typer.Option(
-        None, help="stages: rounds of each stage task (default rounds / stages; rounds = this × stages)"
+        None, help="stages, blocks schedule: rounds of each stage task (default rounds / stages; rounds = this × stages)"
+    ),
+    stage_schedule: Optional[str] = typer.Option(
+        None,
+        help="stages: nested (default: each round of global optimisation trains the stage tasks in turn, "
+        "a round each) | blocks (consecutive blocks of rounds, one stage task each)",
     ),
     local_epochs: Optional[int] = typer.Option(None, help="local epochs per round"),
     local_steps: Optional[int] = typer.Option(None, help="local SGD steps per round (instead of epochs)"),
@@ -231,23 +236,28 @@ def print_summary(summary: dict[str, Any], out: Path) -> None:
     table = Table(title=f"{summary['algorithm']} on {summary['dataset']} (seed {summary['seed']})")
     for col in ("", "round", "personalized", "weighted", "global"):
         table.add_column(col)
-    for name in ("final", "best"):
-        s = summary[name]
-        g = s.get("global_acc")
+    fmt = lambda v: "-" if v is None else f"{v:.4f}"  # noqa: E731
+    for name in ("final", "best", "last10"):
+        s = summary.get(name)
+        if s is None:  # a summary from before last10 existed
+            continue
+        rounds = f"{s['rounds'][0]}-{s['rounds'][1]}" if name == "last10" else str(s["round"])
         table.add_row(
-            name,
-            str(s["round"]),
-            f"{s['personalized_acc']:.4f}",
-            f"{s['personalized_acc_weighted']:.4f}",
-            "-" if g is None else f"{g:.4f}",
+            name, rounds, fmt(s["personalized_acc"]), fmt(s["personalized_acc_weighted"]), fmt(s.get("global_acc"))
         )
     Console().print(table)
     final = summary["final"]
     if "a_local" in final:  # stage tasks: the paper's metrics on the seen stages' test data
-        fmt = lambda v: "-" if v is None else f"{v:.4f}"  # noqa: E731
         Console().print(
             f"stage {final['stage']} (final): A_local {fmt(final['a_local'])}, A_global {fmt(final['a_global'])}, "
             f"A_part {fmt(final['a_part'])}"
+        )
+    for name, entry in (summary.get("named") or {}).items():  # several accuracies of one evaluation
+        f, last = entry["final"], entry["last10"]
+        stage = f", A_local {fmt(f['a_local'])}, A_part {fmt(f['a_part'])}" if "a_local" in f else ""
+        Console().print(
+            f"{name}: final {fmt(f['personalized_acc'])}{stage}; best {fmt(entry['best']['personalized_acc'])} "
+            f"(round {entry['best']['round']}); last10 {fmt(last['personalized_acc'])}"
         )
     Console().print(f"wall time {summary['wall_time_s']:.1f} s, {summary['samples_trained']} samples trained -> {out}")
 
@@ -479,6 +489,15 @@ def partition_cmd(
     typer.echo(
         f"{len(sizes)} clients, {sum(sizes)} training samples (min {min(sizes)}, max {max(sizes)}) -> {out}, {png}"
     )
+    if part.clients and part.clients[0].stages:
+        per_stage = [len(st.classes) for c in part.clients for st in c.stages]
+        held = [len({int(x) for st in c.stages for x in st.classes}) for c in part.clients]
+        again = sum(bool(set(st.classes.tolist()) & {int(x) for e in c.stages[:k] for x in e.classes})
+                    for c in part.clients for k, st in enumerate(c.stages))
+        typer.echo(
+            f"{len(part.clients[0].stages)} stage tasks per client of {min(per_stage)}-{max(per_stage)} classes; "
+            f"a client holds {min(held)}-{max(held)} classes; {again} stage tasks bring back a class of an earlier one"
+        )
 
 
 # `fedtail flower ...` (imported last: it copies the options of `run` above; Flower itself loads lazily)

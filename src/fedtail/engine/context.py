@@ -18,7 +18,16 @@ from torch import nn
 from fedtail.algorithms.base import AlgorithmConfig, Message, Tensors
 from fedtail.config import RunConfig, TrainConfig
 from fedtail.data.base import Dataset, Split
-from fedtail.engine.training import EvalCounts, ExtraLoss, FeatureLoss, OnStep, TrainStats, evaluate, train_epochs
+from fedtail.engine.training import (
+    EvalCounts,
+    ExtraLoss,
+    FeatureLoss,
+    OnStep,
+    Predict,
+    TrainStats,
+    evaluate,
+    train_epochs,
+)
 from fedtail.components import build_model
 from fedtail.models import SplitModel
 from fedtail.partition import Partition
@@ -106,10 +115,12 @@ def get_weights(model: nn.Module, keys: Iterable[str] | None = None) -> Tensors:
 class ClientData:
     """Index views of one client's data (into the dataset's train/test splits).
 
-    With stage tasks (``--partition stages``) this is the view of one stage m: ``train`` holds
-    stage m's training samples only (earlier stages' samples are gone: no replay), ``test`` and
-    ``val`` (and so ``eval_index``) those of every stage <= m; ``classes_by_stage`` the classes of
-    stages 0..m. Without stages: the client's whole data, ``stage`` 0 and no stage classes.
+    With stage tasks (``--partition stages``) this is the view of one round: ``train`` holds the
+    round's stage m training samples only (the other stages' samples are not there: no replay),
+    ``test`` and ``val`` (and so ``eval_index``) those of every stage trained so far (0..m with
+    blocks; all M after the first round of global optimisation with nested stages),
+    ``classes_by_stage`` the classes of those stages and ``eval_groups`` the stage of each
+    evaluation sample. Without stages: the client's whole data, ``stage`` 0 and no stage classes.
     """
 
     train: torch.Tensor
@@ -120,6 +131,7 @@ class ClientData:
     eval_index: torch.Tensor
     stage: int = 0
     classes_by_stage: tuple[torch.Tensor, ...] = ()
+    eval_groups: torch.Tensor | None = None  # with stages: the stage of each eval_index entry
 
     @property
     def num_train(self) -> int:
@@ -128,19 +140,22 @@ class ClientData:
     @property
     def stage_classes(self) -> torch.Tensor | None:
         """The classes of the current stage task (None without stages)."""
-        return self.classes_by_stage[-1] if self.classes_by_stage else None
+        return self.classes_by_stage[self.stage] if self.classes_by_stage else None
 
     @property
     def seen_classes(self) -> torch.Tensor | None:
-        """The classes of the current and all earlier stage tasks, sorted (None without stages)."""
-        return torch.cat(self.classes_by_stage).sort().values if self.classes_by_stage else None
+        """The classes of every stage task trained so far, the current one included: sorted, each
+        once (None without stages)."""
+        return torch.cat(self.classes_by_stage).unique() if self.classes_by_stage else None
 
     @property
     def old_classes(self) -> torch.Tensor | None:
-        """The classes of the earlier stage tasks only, sorted (None without stages)."""
+        """The classes of the other stage tasks trained so far (a class of the current task too,
+        if it recurs), sorted, each once (None without stages)."""
         if not self.classes_by_stage:
             return None
-        return torch.cat((torch.empty(0, dtype=torch.int64), *self.classes_by_stage[:-1])).sort().values
+        others = [c for k, c in enumerate(self.classes_by_stage) if k != self.stage]
+        return torch.cat((torch.empty(0, dtype=torch.int64), *others)).unique()
 
 
 @dataclass
@@ -246,12 +261,23 @@ class ClientContext:
         self.stats += stats
         return stats
 
-    def evaluate(self, role: str = "main", predict=None) -> Message:
-        """Per-class counts of a model on this client's evaluation data, as a reply message."""
-        counts = evaluate(
-            self.model(role), self.dataset, self.data.eval_split, self.data.eval_index, self.num_classes, predict=predict
+    def evaluate(self, role: str = "main", predict: Predict | None = None, main: str | None = None) -> Message:
+        """Per-class counts of a model on this client's evaluation data, as a reply message.
+
+        ``predict`` (default: the model's forward) may return several named scores of one pass,
+        e.g. ``{"gp": ..., "lp": ..., "head": ...}``: the reply then carries every name's counts
+        (the engine reports each as a named accuracy) and ``main``'s as the headline.
+        """
+        return eval_message(self.count(self.model(role), predict, main))
+
+    def count(self, model: nn.Module, predict: Predict | None = None, main: str | None = None) -> EvalCounts:
+        """:func:`~fedtail.engine.training.evaluate` of ``model`` on this client's evaluation data
+        (per stage too, with stage tasks)."""
+        data = self.data
+        return evaluate(
+            model, self.dataset, data.eval_split, data.eval_index, self.num_classes, predict=predict, main=main,
+            groups=data.eval_groups, num_groups=len(data.classes_by_stage),
         )
-        return eval_message(counts)
 
     def train_loss(self, role: str = "main") -> float:
         """Mean cross-entropy of a model on this client's whole training data (inference mode).
@@ -268,12 +294,20 @@ class ClientContext:
         return Message(kind="reply", tensors=tensors or {}, metrics=base | metrics)
 
 
+NAMED = "correct:"  # reply tensor "correct:NAME": the counts of the named accuracy NAME
+BY_STAGE = "stage_"  # "stage_correct", "stage_total", "stage_correct:NAME": (seen stages, classes)
+
+
 def eval_message(counts: EvalCounts) -> Message:
-    return Message(
-        kind="eval",
-        tensors={"correct": counts.correct, "total": counts.total},
-        metrics={"loss_sum": counts.loss_sum},
-    )
+    """The evaluation reply: ``correct`` / ``total`` (classes,), ``correct:NAME`` per named
+    prediction, and with stage tasks the same per stage (``stage_correct``, ``stage_total``,
+    ``stage_correct:NAME``: (seen stages, classes))."""
+    tensors = {"correct": counts.correct, "total": counts.total}
+    tensors |= {NAMED + name: c for name, c in counts.named.items()}
+    if counts.by_stage_correct is not None and counts.by_stage_total is not None:
+        tensors |= {BY_STAGE + "correct": counts.by_stage_correct, BY_STAGE + "total": counts.by_stage_total}
+        tensors |= {BY_STAGE + NAMED + name: c for name, c in counts.named_by_stage.items()}
+    return Message(kind="eval", tensors=tensors, metrics={"loss_sum": counts.loss_sum})
 
 
 @dataclass
@@ -311,7 +345,7 @@ class ServerContext:
 
     def set_stage(self, stage: int) -> None:
         self.stage = stage
-        if self.config.num_stages > 1:
+        if self.config.has_stages:
             self.client_train_sizes = np.array([len(c.stages[stage].train) for c in self.partition.clients])
 
     def stage_of(self, rnd: int) -> int:

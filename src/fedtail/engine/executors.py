@@ -22,7 +22,7 @@ from fedtail import components
 from fedtail.algorithms.base import ClientHalf, Message
 from fedtail.config import RunConfig
 from fedtail.data.base import Dataset
-from fedtail.engine.context import ClientContext, ClientData, Workspace, derive_seed
+from fedtail.engine.context import ClientContext, ClientData, Workspace, derive_seed, eval_message, load_weights
 from fedtail.partition import Partition
 
 
@@ -43,45 +43,76 @@ class Result:
     state: dict[str, Any] | None  # None: the state stays where the client ran (a Flower node)
     seconds: float
     state_nonfinite: str | None = None  # where a state kept elsewhere holds NaN / inf (checked there)
+    # evaluation of a method without personal models, with stage tasks: the counts of the client's
+    # latest locally trained model (None: it has none yet, its local model is the one it is sent)
+    local: Message | None = None
 
 
-def _seen(parts: list[np.ndarray]) -> torch.Tensor:
-    return torch.as_tensor(np.sort(np.concatenate(parts)), dtype=torch.int64)
+# ctx.state key where the engine keeps the latest upload of a client of a method without a
+# personalised model (Algorithm.personal_model = False), in stage runs: its local model for A_local
+LOCAL_MODEL = "engine.local_model"
 
 
-def client_views(partition: Partition, dataset: Dataset, eval_split: str, stage: int | None = None) -> list[ClientData]:
-    """Index tensors of every client, built once per process.
+def _seen(parts: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sorted concatenation of per-stage index arrays, and the stage of each entry."""
+    idx = np.concatenate(parts)
+    stage = np.repeat(np.arange(len(parts)), [len(p) for p in parts])
+    order = np.argsort(idx, kind="stable")
+    return torch.as_tensor(idx[order], dtype=torch.int64), torch.as_tensor(stage[order], dtype=torch.int64)
 
-    ``stage`` m (stage tasks only): training data of stage m, test and validation data of
-    stages 0..m. ``None``: each client's whole data.
+
+def client_views(
+    partition: Partition, dataset: Dataset, eval_split: str, stage: int | None = None, seen: int | None = None
+) -> list[ClientData]:
+    """Index tensors of every client.
+
+    ``stage`` m (stage tasks only): training data of stage m; test and validation data of the
+    stages 0..``seen`` − 1 (default m + 1), with the stage of each evaluation sample. ``None``:
+    each client's whole data.
     """
     test_split = dataset.test if partition.test_source == "test" else dataset.train
     views = []
     for client in partition.clients:
+        groups = None
         if stage is None:
             train = torch.as_tensor(client.train, dtype=torch.int64)
             test = torch.as_tensor(client.test, dtype=torch.int64)
             val = torch.as_tensor(client.val, dtype=torch.int64)
             classes: tuple[torch.Tensor, ...] = ()
         else:
-            seen = client.stages[: stage + 1]
+            shown = client.stages[: stage + 1 if seen is None else seen]
             train = torch.as_tensor(client.stages[stage].train, dtype=torch.int64)
-            test = _seen([s.test for s in seen])
-            val = _seen([s.val for s in seen])
-            classes = tuple(torch.as_tensor(s.classes, dtype=torch.int64) for s in seen)
+            test, test_groups = _seen([s.test for s in shown])
+            val, val_groups = _seen([s.val for s in shown])
+            groups = val_groups if eval_split == "val" else test_groups
+            classes = tuple(torch.as_tensor(s.classes, dtype=torch.int64) for s in shown)
         if eval_split == "val":
             split, index = dataset.train, val
         else:
             split, index = test_split, test
-        views.append(ClientData(train, test, val, test_split, split, index, stage or 0, classes))
+        views.append(ClientData(train, test, val, test_split, split, index, stage or 0, classes, groups))
     return views
 
 
-def stage_views(config: RunConfig, partition: Partition, dataset: Dataset) -> list[list[ClientData]]:
-    """``[stage][client]`` views: one list per stage task (one list of whole clients without stages)."""
-    if config.num_stages == 1:
-        return [client_views(partition, dataset, config.eval_split)]
-    return [client_views(partition, dataset, config.eval_split, m) for m in range(config.num_stages)]
+class Views:
+    """Every client's data views as round ``rnd`` needs them (built once per (stage, seen stages)).
+
+    Without stage tasks, the whole clients in every round. With stage tasks, the training data of
+    the round's stage and the evaluation data of the stages trained so far
+    (``config.stage_of`` / ``config.seen_stages``): M views with blocks, 2M − 1 with nested stages.
+    """
+
+    def __init__(self, config: RunConfig, partition: Partition, dataset: Dataset) -> None:
+        self.config, self.partition, self.dataset = config, partition, dataset
+        self._cache: dict[tuple[int, int] | None, list[ClientData]] = {}
+
+    def at(self, rnd: int) -> list[ClientData]:
+        config = self.config
+        key = (config.stage_of(rnd), config.seen_stages(rnd)) if config.has_stages else None
+        if key not in self._cache:
+            stage, seen = key if key is not None else (None, None)
+            self._cache[key] = client_views(self.partition, self.dataset, config.eval_split, stage, seen)
+        return self._cache[key]
 
 
 class ClientRuntime:
@@ -91,11 +122,11 @@ class ClientRuntime:
         torch.set_num_threads(config.threads)
         self.config = config
         self.workspace = Workspace(config, dataset)
-        self.stage_views = stage_views(config, partition, dataset)
-        self.views = self.stage_views[0]  # the views of stage 0 (of the whole clients without stages)
+        self.views = Views(config, partition, dataset)
         spec = components.algorithm(config.algorithm)
         self.client: ClientHalf = spec.client()
         self.options = components.algorithm_options(config)
+        self.keeps_local = config.has_stages and not spec.personal_model
 
     def run(self, task: Task) -> Result:
         start = time.perf_counter()
@@ -105,14 +136,30 @@ class ClientRuntime:
             cid=task.cid,
             rnd=task.rnd,
             seed=seed,
-            data=self.stage_views[self.config.stage_of(task.rnd)][task.cid],
+            data=self.views.at(task.rnd)[task.cid],
             workspace=self.workspace,
             options=self.options,
             state=MappingProxyType(task.state) if task.read_only else task.state,  # type: ignore[arg-type]
         )
         reply = self.client.handle(task.message, ctx)
+        local = None
+        if self.keeps_local:
+            local = self._local_model(task, ctx, reply)
         state = {} if task.read_only else ctx.state  # nothing to send back from an evaluation
-        return Result(task.cid, reply, state, time.perf_counter() - start)
+        return Result(task.cid, reply, state, time.perf_counter() - start, local)
+
+    def _local_model(self, task: Task, ctx: ClientContext, reply: Message) -> Message | None:
+        """Keep a fit's upload as the client's local model; evaluate it at an evaluation."""
+        keys = self.workspace.model().state_dict().keys()
+        if not task.read_only:
+            if task.message.kind == "fit" and keys <= reply.tensors.keys():
+                ctx.state[LOCAL_MODEL] = {k: reply.tensors[k].clone() for k in keys}
+            return None
+        if LOCAL_MODEL not in ctx.state:
+            return None
+        model = self.workspace.model(LOCAL_MODEL)
+        load_weights(model, ctx.state[LOCAL_MODEL])
+        return eval_message(ctx.count(model))
 
 
 class SerialExecutor:

@@ -10,10 +10,16 @@ Checkpoints (``checkpoint_every`` rounds): :meth:`Simulation.checkpoint_state` i
 the rounds after it depend on (:mod:`fedtail.engine.checkpoint`); a new simulation given it by
 :meth:`Simulation.restore` continues bit-identically to one that was never stopped.
 
-Stage tasks (``--partition stages``, M stages): the rounds form M consecutive equal blocks; in
-block m every client trains on its stage-m data only and is evaluated on its stages 0..m (the
-client views of the executors do that, by round), the last round of every stage is evaluated
-too, and each row adds the stage and the metrics of :mod:`fedtail.metrics.stages`.
+Stage tasks (``--partition stages``, M stages): each round trains one stage task, the clients
+its stage-m data only, and evaluations test the stages trained so far (the client views of the
+executors do that, by round). ``--stage-schedule nested`` (default): rounds of global
+optimisation of M rounds, one per stage task, with the same sampled clients, evaluated at their
+ends; ``blocks``: M consecutive equal blocks of rounds, the last round of every block evaluated
+too. Each row adds the stage and the metrics of :mod:`fedtail.metrics.stages`.
+
+Named accuracies: a client's evaluation reply may carry ``correct:NAME`` counts beside the
+headline ones (several prediction rules of one model, e.g. GLDP's global and local prototypes
+and its classifier); each row then adds ``named[NAME]``, the personalised metrics of each.
 """
 
 from __future__ import annotations
@@ -32,11 +38,14 @@ from fedtail.config import RunConfig
 from fedtail.data.base import Dataset
 from fedtail.engine import checkpoint
 from fedtail.engine.context import ServerContext, Workspace, derive_seed, initial_weights, load_weights
-from fedtail.engine.executors import ClientRuntime, Task, make_executor, stage_views
+from fedtail.engine.context import BY_STAGE, NAMED
+from fedtail.engine.executors import ClientRuntime, Task, Views, make_executor
 from fedtail.engine.replies import Channel, Delivered, ReplyCheck, RoundSkipped, nonfinite_at
 from fedtail.engine.training import evaluate
 from fedtail.errors import ConfigError, RunDiverged
 from fedtail.metrics import Meter, RunRecord, global_metrics, personalized_metrics, stage_metrics
+from fedtail.metrics.record import NAMED_KEYS
+from fedtail.metrics.stages import StageCounts, local_metrics
 from fedtail.partition import Partition
 
 EVAL_CALL = 1 << 20  # call index of evaluation tasks: their seeds never collide with training's
@@ -143,12 +152,8 @@ class Simulation:
         local = self.executor_factory is None
         runtime = ClientRuntime(config, self.dataset, self.partition) if local and config.workers == 1 else None
         self.executor = make_executor(config, self.dataset, self.partition, runtime) if local else self.executor_factory(self)
-        # Stage runs: the clients' seen-stage evaluation data, for the global model's A_global.
-        self.stage_views = (
-            (runtime.stage_views if runtime else stage_views(config, self.partition, self.dataset))
-            if config.num_stages > 1
-            else None
-        )
+        # The clients' data views by round (stage runs: the seen-stage data of the global model's A_global).
+        self.views = runtime.views if runtime else Views(config, self.partition, self.dataset)
 
     # -----------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -161,7 +166,7 @@ class Simulation:
             for rnd in range(self.rounds_done + 1, config.rounds + 1):
                 self.run_round(rnd)
                 row = None
-                if rnd % config.eval_every == 0 or config.is_stage_end(rnd):
+                if config.evaluates(rnd):
                     row = self.evaluate(rnd, time.perf_counter() - start)
                 self.rounds_done = rnd
                 if self.on_checkpoint and every and rnd % every == 0 and rnd < config.rounds:
@@ -218,7 +223,9 @@ class Simulation:
 
         Raises :class:`RunDiverged` when a reply, the server's state or the edges' state holds NaN / inf.
         """
-        clients = sample_clients(self.config.seed, rnd, self.num_clients, self.config.clients_per_round)
+        # With nested stages the clients of a round of global optimisation train all its stage tasks.
+        clients = sample_clients(self.config.seed, self.config.global_round(rnd), self.num_clients,
+                                 self.config.clients_per_round)
         self.server_ctx.set_stage(self.config.stage_of(rnd))
         comm = SimComm(self, rnd, clients)
         before = copy.deepcopy((checkpoint.encode(self.server.state_dict()), checkpoint.encode(self.edge.state_dict())))
@@ -250,37 +257,39 @@ class Simulation:
 
     def evaluate(self, rnd: int, elapsed: float) -> dict[str, Any]:
         start = time.perf_counter()
+        config = self.config
         cids = list(range(self.num_clients))
         tasks = [
             Task(cid, rnd, EVAL_CALL, self.server.evaluation_message(cid), self.client_state.get(cid, {}), read_only=True)
             for cid in cids
         ]
-        C = self.dataset.num_classes
         # A process pool starts on the client tasks at once, so the global evaluation below
         # overlaps with them; results are read afterwards, in client order.
         results = self.executor.map(tasks)
         row: dict[str, Any] = {"round": rnd}
-        weights = self.server.global_weights() if self.config.eval_global else None
+        weights = self.server.global_weights() if config.eval_global else None
         global_row: dict[str, Any] = {"global_acc": None}
+        global_seen = None
         if weights is not None:
             model = self.workspace.model("global-eval")
             load_weights(model, weights)
-            counts = evaluate(model, self.dataset, self.dataset.test, None, C)
+            counts = evaluate(model, self.dataset, self.dataset.test, None, self.dataset.num_classes)
             global_row = global_metrics(counts.correct.numpy(), counts.total.numpy(), self.groups)
-        global_seen = self._global_seen_counts(rnd, model) if weights is not None and self.stage_views else None
-        correct = np.zeros((self.num_clients, C), dtype=np.int64)
-        total = np.zeros_like(correct)
-        answered = set()
-        for result in results:  # evaluation never writes client state
-            correct[result.cid] = result.reply.tensors["correct"].numpy()
-            total[result.cid] = result.reply.tensors["total"].numpy()
-            answered.add(result.cid)
-        row |= personalized_metrics(correct, total, self.groups)
+            if config.has_stages:
+                global_seen = self._global_seen_counts(rnd, model)
+        main, named, local, answered = self._gather(results, rnd)
+        row |= personalized_metrics(main.correct, main.total, self.groups)
         if len(answered) < len(cids):  # a transport lost them (a Flower node down): left out of the means
             row["eval_missing"] = sorted(set(cids) - answered)
         row |= global_row
-        if self.stage_views is not None:
-            row |= self._stage_metrics(rnd, correct, total, global_seen)
+        participants = self.round_logs[-1]["clients"] if self.round_logs else []
+        if config.has_stages:
+            row |= {"stage": config.stage_of(rnd), "seen_stages": config.seen_stages(rnd)}
+            if config.schedule == "nested":
+                row["global_round"] = config.global_round(rnd)
+            row |= stage_metrics(local or main, participants, global_seen)
+        if named:
+            row["named"] = {name: self._named_metrics(counts, main, participants) for name, counts in named.items()}
         losses = [r["train_loss"] for r in self.round_logs if r["train_loss"] is not None]
         row["train_loss"] = self.round_logs[-1]["train_loss"] if self.round_logs else None
         row["train_loss_since_last_eval"] = float(np.mean(losses)) if losses else None
@@ -296,23 +305,58 @@ class Simulation:
             self.on_eval(row)
         return row
 
-    def _global_seen_counts(self, rnd: int, model) -> tuple[np.ndarray, np.ndarray]:
-        """(clients, classes) counts of the global model on each client's seen-stage evaluation data."""
-        views = self.stage_views[self.config.stage_of(rnd)]
-        C = self.dataset.num_classes
-        correct = np.zeros((self.num_clients, C), dtype=np.int64)
-        total = np.zeros_like(correct)
-        for cid, view in enumerate(views):
-            counts = evaluate(model, self.dataset, view.eval_split, view.eval_index, C)
-            correct[cid] = counts.correct.numpy()
-            total[cid] = counts.total.numpy()
-        return correct, total
+    def _gather(self, results, rnd: int) -> tuple[StageCounts, dict[str, StageCounts], StageCounts | None, set[int]]:
+        """The clients' evaluation replies as count arrays (evaluation never writes client state).
 
-    def _stage_metrics(self, rnd: int, correct: np.ndarray, total: np.ndarray, global_seen) -> dict[str, Any]:
-        """The stage, A_local, A_part, A_global (on every client's seen-stage data) and per stage."""
-        stage = self.config.stage_of(rnd)
-        stage_classes = [[c.numpy() for c in view.classes_by_stage] for view in self.stage_views[stage]]
-        participants = self.round_logs[-1]["clients"] if self.round_logs else []
-        global_correct, global_total = global_seen or (None, None)
-        metrics = stage_metrics(correct, total, stage_classes, participants, global_correct, global_total)
-        return {"stage": stage} | metrics
+        Returns the headline counts, those of every named accuracy (``correct:NAME`` in a reply)
+        and, for methods without personalised models in stage runs, those of the clients' local
+        models (the headline counts for a client without one yet); the per-stage arrays are empty
+        without stage tasks; and the clients that answered.
+        """
+        n, C = self.num_clients, self.dataset.num_classes
+        stages = self.config.seen_stages(rnd) if self.config.has_stages else 0
+
+        def empty() -> StageCounts:
+            shapes = ((n, C), (n, C), (n, stages, C), (n, stages, C))
+            return StageCounts(*(np.zeros(shape, dtype=np.int64) for shape in shapes))
+
+        def fill(into: StageCounts, cid: int, t: dict[str, torch.Tensor], name: str = "") -> None:
+            into.correct[cid] = t[NAMED + name if name else "correct"].numpy()
+            into.total[cid] = t["total"].numpy()
+            if stages:
+                into.by_stage_correct[cid] = t[BY_STAGE + (NAMED + name if name else "correct")].numpy()
+                into.by_stage_total[cid] = t[BY_STAGE + "total"].numpy()
+
+        main, named = empty(), {}
+        local = empty() if stages and not self.spec.personal_model else None
+        answered: set[int] = set()
+        for result in results:
+            answered.add(result.cid)
+            t = result.reply.tensors
+            fill(main, result.cid, t)
+            for key in t:
+                if key.startswith(NAMED):
+                    fill(named.setdefault(key[len(NAMED):], empty()), result.cid, t, key[len(NAMED):])
+            if local is not None:
+                fill(local, result.cid, (result.local or result.reply).tensors)
+        return main, named, local, answered
+
+    def _named_metrics(self, counts: StageCounts, main: StageCounts, participants: list[int]) -> dict[str, Any]:
+        """The personalised metrics of one named accuracy (and its A_local, A_part in stage runs)."""
+        metrics = personalized_metrics(counts.correct, main.total, self.groups)
+        out = {k: metrics[k] for k in NAMED_KEYS if k in metrics}
+        if self.config.has_stages:
+            out |= local_metrics(counts, participants)
+        return out
+
+    def _global_seen_counts(self, rnd: int, model) -> StageCounts:
+        """Counts of the global model on each client's seen-stage evaluation data (per stage too)."""
+        views = self.views.at(rnd)
+        C = self.dataset.num_classes
+        parts = [
+            evaluate(model, self.dataset, v.eval_split, v.eval_index, C, groups=v.eval_groups,
+                     num_groups=len(v.classes_by_stage))
+            for v in views
+        ]  # fmt: skip
+        return StageCounts(*(np.stack([getattr(p, k).numpy() for p in parts])
+                             for k in ("correct", "total", "by_stage_correct", "by_stage_total")))  # fmt: skip

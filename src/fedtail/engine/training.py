@@ -6,7 +6,7 @@ evaluation under ``torch.inference_mode``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 import torch
@@ -125,13 +125,26 @@ def _schedule(
                 return
 
 
+# predict(x) -> scores (a tensor), or several named scores of one pass ({name: scores})
+Predict = Callable[[torch.Tensor], "torch.Tensor | dict[str, torch.Tensor]"]
+
+
 @dataclass
 class EvalCounts:
-    """Per-class correct and total counts (and summed loss) of one evaluation."""
+    """Per-class correct and total counts (and summed loss) of one evaluation.
+
+    ``named``: the correct counts of every named prediction of the pass (a ``predict`` that
+    returns several scores); ``by_stage_*``: with evaluation groups (the stage of each sample),
+    the same per (group, class).
+    """
 
     correct: torch.Tensor
     total: torch.Tensor
     loss_sum: float
+    by_stage_correct: torch.Tensor | None = None
+    by_stage_total: torch.Tensor | None = None
+    named: dict[str, torch.Tensor] = field(default_factory=dict)
+    named_by_stage: dict[str, torch.Tensor] = field(default_factory=dict)
 
     @property
     def accuracy(self) -> float:
@@ -146,11 +159,25 @@ def evaluate(
     index: torch.Tensor | None,
     num_classes: int,
     batch_size: int = 128,  # measured: faster than larger batches for the CNNs on CPU
-    predict: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    predict: Predict | None = None,
+    main: str | None = None,
+    groups: torch.Tensor | None = None,
+    num_groups: int = 0,
 ) -> EvalCounts:
-    """Accuracy counts of ``model`` (or of ``predict``, which maps inputs to logits/scores)."""
+    """Accuracy counts of ``model`` (or of ``predict``, which maps inputs to logits/scores).
+
+    ``predict`` may return several named scores at once (one forward pass for several
+    prediction rules): ``main`` names the one the counts (and the loss) are of, and every name
+    gets its correct counts in ``named``. ``groups`` (aligned with ``index``, values below
+    ``num_groups``) adds counts per group and class.
+    """
     correct = torch.zeros(num_classes, dtype=torch.int64)
     total = torch.zeros(num_classes, dtype=torch.int64)
+    size = num_groups * num_classes
+    by_correct = torch.zeros(size, dtype=torch.int64) if groups is not None else None
+    by_total = torch.zeros(size, dtype=torch.int64) if groups is not None else None
+    named: dict[str, torch.Tensor] = {}
+    named_by: dict[str, torch.Tensor] = {}
     loss_sum = 0.0
     if index is None:
         index = torch.arange(len(split))
@@ -158,12 +185,38 @@ def evaluate(
     model.eval()
     forward = predict or model
     with torch.inference_mode():
-        for batch in index.split(batch_size):
-            x, y = dataset.batch(split, batch)
-            scores = forward(x)
+        for start in range(0, len(index), batch_size):
+            x, y = dataset.batch(split, index[start : start + batch_size])
+            out = forward(x)
+            several = out if isinstance(out, dict) else {}
+            if several and main not in several:
+                raise ValueError(f"predict returned {sorted(several)}; main={main!r} must name one of them")
+            scores = several[main] if several else out
             loss_sum += float(F.cross_entropy(scores, y, reduction="sum"))
-            hit = scores.argmax(dim=1) == y
+            cell = None if groups is None else groups[start : start + batch_size] * num_classes + y
             total += torch.bincount(y, minlength=num_classes)
-            correct += torch.bincount(y[hit], minlength=num_classes)
+            if cell is not None:
+                by_total += torch.bincount(cell, minlength=size)
+            for name, s in [(None, scores), *several.items()]:
+                hit = s.argmax(dim=1) == y
+                counts = torch.bincount(y[hit], minlength=num_classes)
+                by = None if cell is None else torch.bincount(cell[hit], minlength=size)
+                if name is None:
+                    correct += counts
+                    if by is not None:
+                        by_correct += by
+                else:
+                    named[name] = named.get(name, 0) + counts
+                    if by is not None:
+                        named_by[name] = named_by.get(name, 0) + by
     model.train(was_training)
-    return EvalCounts(correct, total, loss_sum)
+    shape = (num_groups, num_classes)
+    return EvalCounts(
+        correct,
+        total,
+        loss_sum,
+        None if by_correct is None else by_correct.view(shape),
+        None if by_total is None else by_total.view(shape),
+        named,
+        {k: v.view(shape) for k, v in named_by.items()},
+    )

@@ -1,7 +1,10 @@
 """The run record: cost meters and the history of evaluations, reduced to ``summary.json``.
 
-Both the final and the best evaluation are reported, each with its round, so nobody has to
-guess which one a number is.
+The final and the best evaluation are reported, each with its round, so nobody has to guess
+which one a number is, and ``last10``, the means over the final 10 rounds (the GLDP paper's
+Figure 4 plots "the test accuracy of our selected participating clients in the final 10 global
+rounds"). With stage tasks the best is taken among the rows of the final set of seen stages.
+Named accuracies (several prediction rules of one evaluation) get the same three entries each.
 """
 
 from __future__ import annotations
@@ -31,6 +34,65 @@ class Meter:
         return asdict(self)
 
 
+# The summary entries' keys (final, best, last10); stage runs add their STAGE_KEYS.
+SUMMARY_KEYS = (
+    "personalized_acc",
+    "personalized_acc_weighted",
+    "personalized_acc_std",
+    "personalized_acc_p10",
+    "head_acc",
+    "middle_acc",
+    "tail_acc",
+    "global_acc",
+    "train_loss",
+)
+# A named accuracy's entries (row["named"][NAME], see the engine's evaluation).
+NAMED_KEYS = SUMMARY_KEYS[:7] + ("a_local", "a_part")
+LAST_ROUNDS = 10  # the window of summary.json's "last10": the final 10 rounds (of global optimisation)
+_NOT_MEANS = ("stage", "seen_stages")  # keys of a row that are not averaged in "last10"
+
+
+def global_round(row: dict[str, Any]) -> int:
+    """The round of global optimisation of a metrics row (its round, but with nested stages)."""
+    return row.get("global_round", row["round"])
+
+
+def entry(row: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
+    return {"round": row["round"]} | {k: row.get(k) for k in keys}
+
+
+def window_mean(rows: list[dict[str, Any]], keys: tuple[str, ...]) -> dict[str, Any]:
+    """Means of ``keys`` over ``rows`` (each over the rows where it is a number; None where none is)."""
+    out: dict[str, Any] = {"rounds": [rows[0]["round"], rows[-1]["round"]], "evaluations": len(rows)}
+    for k in keys:
+        if k in _NOT_MEANS:
+            continue
+        values = [r[k] for r in rows if isinstance(r.get(k), (int, float))]
+        out[k] = sum(values) / len(values) if values else None
+    return out
+
+
+def reductions(rows: list[dict[str, Any]], values: list[dict[str, Any]], keys: tuple[str, ...]) -> dict[str, Any]:
+    """``final``, ``best`` and ``last10`` of the rows' ``values`` (a row's own, or one named accuracy's).
+
+    ``best``: the highest ``personalized_acc`` (earliest on ties) among the rows with the final
+    row's set of seen stages (stage runs: an early stage is tested on fewer, often easier, stages,
+    so its rows are no candidate for the run's best). ``last10``: the means over the rows of the
+    final ``LAST_ROUNDS`` rounds of global optimisation (with ``rounds``, the first and last round
+    of those rows, and ``evaluations``, how many there are).
+    """
+    final_row, final = rows[-1], values[-1]
+    pairs = [(r, v) for r, v in zip(rows, values) if r.get("seen_stages") == final_row.get("seen_stages")]
+    best_row, best = max(pairs, key=lambda p: (p[1]["personalized_acc"], -p[0]["round"]))
+    last = global_round(final_row) - LAST_ROUNDS
+    window = [v | {"round": r["round"]} for r, v in zip(rows, values) if global_round(r) > last]
+    return {
+        "final": entry(final | {"round": final_row["round"]}, keys),
+        "best": entry(best | {"round": best_row["round"]}, keys),
+        "last10": window_mean(window, keys),
+    }
+
+
 @dataclass
 class RunRecord:
     targets: list[float]
@@ -40,29 +102,18 @@ class RunRecord:
         self.rows.append(row)
 
     def summary(self, meter: Meter, wall_time_s: float, rounds: int) -> dict[str, Any]:
+        """``summary.json``: final, best and last10 (see :func:`reductions`), the best global
+        accuracy, rounds to the targets, costs; ``named``: the same three for each named accuracy."""
         if not self.rows:
             raise ValueError("no evaluation was recorded")
-        final = self.rows[-1]
-        best = max(self.rows, key=lambda r: (r["personalized_acc"], -r["round"]))
-        history = [(r["round"], r["personalized_acc"]) for r in self.rows]
-        global_history = [(r["round"], r["global_acc"]) for r in self.rows if r.get("global_acc") is not None]
-        keys = (
-            "personalized_acc",
-            "personalized_acc_weighted",
-            "personalized_acc_std",
-            "personalized_acc_p10",
-            "head_acc",
-            "middle_acc",
-            "tail_acc",
-            "global_acc",
-            "train_loss",
-        )
-        # Stage runs add their keys (A_local, A_global, A_part, the stage); other runs' summaries are unchanged.
-        keys += tuple(k for k in STAGE_KEYS if k in final)
-        return {
-            "status": "finished",
-            "final": {"round": final["round"]} | {k: final.get(k) for k in keys},
-            "best": {"round": best["round"]} | {k: best.get(k) for k in keys},
+        rows = self.rows
+        final = rows[-1]
+        history = [(r["round"], r["personalized_acc"]) for r in rows]
+        global_history = [(r["round"], r["global_acc"]) for r in rows if r.get("global_acc") is not None]
+        # Stage runs add their keys (A_local, A_global, A_part, the stage); other runs' entries are unchanged.
+        keys = SUMMARY_KEYS + tuple(k for k in STAGE_KEYS if k in final)
+        out = {"status": "finished"} | reductions(rows, rows, keys)
+        out |= {
             "best_global": (
                 None
                 if not global_history
@@ -70,7 +121,15 @@ class RunRecord:
             ),
             "rounds_to_accuracy": rounds_to_accuracy(history, self.targets),
             "rounds": rounds,
-        } | costs(meter, wall_time_s)
+        }
+        names = list(final.get("named") or {})
+        if names:
+            named_keys = NAMED_KEYS if "a_local" in final else NAMED_KEYS[:7]
+            out["named"] = {}
+            for name in names:
+                kept = [r for r in rows if name in (r.get("named") or {})]
+                out["named"][name] = reductions(kept, [r["named"][name] for r in kept], named_keys)
+        return out | costs(meter, wall_time_s)
 
     def diverged(self, meter: Meter, wall_time_s: float, rounds: int, rnd: int, cause: str) -> dict[str, Any]:
         """The summary of a run stopped by divergence: where and why, the costs, no accuracy as a result."""

@@ -1,28 +1,54 @@
-"""Metrics of stage-task runs (GLDP's STHFL setting, ``--partition stages``).
+"""Metrics of stage-task runs (GLDP's STHFL setting, ``--partition stages``, any M, M = 1 too).
 
-At stage m every client is evaluated on the local test data of its stages 0..m (its "seen"
-stages). From per-client per-class counts of that evaluation:
+After round r every client is evaluated on the local test data of the stage tasks trained so far
+(its "seen" stages: 0..m with blocks; all M after the first round of global optimisation with
+nested stages). The GLDP paper (sthfl-gldp.txt, Sec. 5.1, "Evaluation Metrics") defines
 
-- ``a_local``: each client's personalised model on its own seen-stage test data, unweighted mean
-  over ALL clients (the same number as ``personalized_acc`` of the row);
-- ``a_part``: the same mean over the clients that took part in the latest round only;
+    "1) A_global measure is the global model to perform verification tests on all client data
+    samples. 2) A_local measure is the local personalization model to perform validation tests
+    on all client data samples. 3) A_part measure is the local personalization model to test the
+    partial client participants. ... where D and D' represent the set of samples from all previous
+    stages."
+
+From per-client per-class counts of that evaluation (and per stage, so a class that recurs in
+two stages of a client counts in each):
+
+- ``a_local``: each client's local model on its own seen-stage test data, unweighted mean over
+  ALL clients. The local model is the personalised model, which is what ``personalized_acc``
+  evaluates, except for methods whose personalised model is the global model (their client half
+  evaluates the model it is sent: FedAvg, FedProx, FEDIC, CReFF, ...): for them the engine
+  evaluates each client's own latest locally trained model (its last upload), the global model for
+  a client that has not trained yet. The paper's numbers call for that: its FedAvg has A_local
+  38.77 (Table 3, CIFAR-10 [20, 4, 5], IF 50) and A_global 59.94 (Table 2), so its A_local is not
+  the global model; and "the FEDIC and CReFF method has no personalized model, thus use global
+  model and no results" (those two have no A_local rows).
+- ``a_part``: the same mean over the clients of the latest round only (with nested stages, the
+  clients of the latest round of global optimisation).
 - ``a_global``: the global model on every client's seen-stage test data, pooled (correct over
-  total; a test sample drawn by two clients counts twice); None without a global model;
-- ``a_local_by_stage[k]``: mean over clients of the personalised accuracy on stage k's test data
-  alone (k <= m), and ``a_global_by_stage[k]`` the pooled global accuracy on it: how much of an
-  earlier stage is kept (forgetting).
-
-A client's stages hold disjoint classes, so its per-class counts split exactly into its stages.
+  total; a test sample drawn by two clients counts twice); None without a global model.
+- ``a_local_by_stage[k]`` / ``a_global_by_stage[k]``: the same on stage k's test data alone
+  (k < seen stages): how much of an earlier stage is kept (forgetting).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
 
 # The keys stage runs add to each metrics row (and to summary.json's final/best entries).
-STAGE_KEYS = ("stage", "a_local", "a_global", "a_part")
+STAGE_KEYS = ("stage", "seen_stages", "a_local", "a_global", "a_part")
+
+
+@dataclass
+class StageCounts:
+    """Counts of one model per client: (clients, classes) and per seen stage (clients, stages, classes)."""
+
+    correct: np.ndarray
+    total: np.ndarray
+    by_stage_correct: np.ndarray
+    by_stage_total: np.ndarray
 
 
 def _client_accuracy(correct: np.ndarray, total: np.ndarray) -> np.ndarray:
@@ -43,41 +69,35 @@ def _pooled(correct: np.ndarray, total: np.ndarray) -> float | None:
     return float(correct.sum() / n) if n else None
 
 
-def _stage_mask(stage_classes: Sequence[Sequence[np.ndarray]], k: int, num_classes: int) -> np.ndarray:
-    """(clients, classes) mask of each client's stage-k classes."""
-    mask = np.zeros((len(stage_classes), num_classes), dtype=bool)
-    for i, stages in enumerate(stage_classes):
-        mask[i, stages[k]] = True
-    return mask
+def local_metrics(local: StageCounts, participants: Sequence[int]) -> dict[str, Any]:
+    """``a_local``, ``a_part`` and ``a_local_by_stage`` of one model per client."""
+    acc = _client_accuracy(local.correct, local.total)
+    part = np.asarray(sorted(participants), dtype=np.int64)
+    stages = local.by_stage_total.shape[1]
+    return {
+        "a_local": _mean(acc),
+        "a_part": _mean(acc[part]),
+        "a_local_by_stage": [
+            _mean(_client_accuracy(local.by_stage_correct[:, k], local.by_stage_total[:, k])) for k in range(stages)
+        ],
+    }
 
 
 def stage_metrics(
-    correct: np.ndarray,
-    total: np.ndarray,
-    stage_classes: Sequence[Sequence[np.ndarray]],
-    participants: Sequence[int],
-    global_correct: np.ndarray | None = None,
-    global_total: np.ndarray | None = None,
+    local: StageCounts, participants: Sequence[int], global_counts: StageCounts | None = None
 ) -> dict[str, Any]:
     """A_local, A_part, A_global and their per-stage breakdowns.
 
-    ``correct``/``total`` (clients, classes): the personalised models on their seen-stage data;
-    ``stage_classes[i][k]``: client i's classes of stage k, for the seen stages k = 0..m;
-    ``participants``: the clients of the latest round; ``global_*``: the global model's counts on
-    each client's seen-stage data, or None.
+    ``local``: the clients' local models on their seen-stage data; ``participants``: the clients
+    of the latest round; ``global_counts``: the global model on each client's seen-stage data, or None.
     """
-    num_classes = correct.shape[1]
-    acc = _client_accuracy(correct, total)
-    part = np.asarray(sorted(participants), dtype=np.int64)
-    masks = [_stage_mask(stage_classes, k, num_classes) for k in range(len(stage_classes[0]))]
-    out: dict[str, Any] = {
-        "a_local": _mean(acc),
-        "a_global": None,
-        "a_part": _mean(acc[part]),
-        "a_local_by_stage": [_mean(_client_accuracy(correct * m, total * m)) for m in masks],
-        "a_global_by_stage": None,
-    }
-    if global_correct is not None and global_total is not None:
-        out["a_global"] = _pooled(global_correct, global_total)
-        out["a_global_by_stage"] = [_pooled(global_correct[m], global_total[m]) for m in masks]
+    loc = local_metrics(local, participants)
+    out: dict[str, Any] = {"a_local": loc["a_local"], "a_global": None, "a_part": loc["a_part"],
+                           "a_local_by_stage": loc["a_local_by_stage"], "a_global_by_stage": None}  # fmt: skip
+    if global_counts is not None:
+        g = global_counts
+        out["a_global"] = _pooled(g.correct, g.total)
+        out["a_global_by_stage"] = [
+            _pooled(g.by_stage_correct[:, k], g.by_stage_total[:, k]) for k in range(g.by_stage_total.shape[1])
+        ]
     return out

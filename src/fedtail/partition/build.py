@@ -23,7 +23,7 @@ _EMPTY_HINT = {
     "dirichlet": "use fewer --clients or a larger --alpha",
     "pathological": "use fewer --clients, more --classes-per-client or a smaller --imbalance",
     "dominant": "use fewer --clients",
-    "stages": "use fewer --clients or a smaller --imbalance",
+    "stages": "use fewer --clients or a smaller --imbalance, or --balanced (equal-size shards)",
     "natural": "use a smaller --imbalance (the long-tail cut emptied a client)",
 }
 
@@ -47,7 +47,10 @@ class _Views:
         self.carve_rng, self.test_rng = carve_rng, test_rng
         self.test_by_class = [np.flatnonzero(test_labels == c) for c in range(num_classes)]
 
-    def __call__(self, idx: np.ndarray, own_test: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def __call__(self, idx: np.ndarray, exclude: np.ndarray | None = None,
+                 own_test: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``exclude``: test-split indices not to sample (the client's earlier stages' test data);
+        ``own_test``: the client's own test rows (``--local-test own``), used as they are."""
         cfg = self.cfg
         train = np.sort(idx).astype(np.int64)
         test = np.empty(0, dtype=np.int64) if own_test is None else own_test
@@ -57,7 +60,7 @@ class _Views:
         train, val = local_test.carve(train, self.train_labels, cfg.val_fraction, self.carve_rng)
         if cfg.local_test == "sampled":
             test = local_test.sample_test(train, self.train_labels, self.test_by_class,
-                                          cfg.test_fraction, self.test_rng)
+                                          cfg.test_fraction, self.test_rng, exclude)
         return train, test, val
 
 
@@ -126,12 +129,13 @@ def make_partition(train_labels: np.ndarray, test_labels: np.ndarray, num_classe
     clients: list[ClientData] = []
     if config.scheme == "stages":
         for i, client_stages in enumerate(schemes.stages(train_labels, kept, num_classes, config, part_rng)):
-            stage_data = []
+            stage_data: list[StageData] = []
             for k, (classes, idx) in enumerate(client_stages):
                 if len(idx) == 0:
                     raise ConfigError(
                         f"partition left client {i} stage {k} with no training samples; {hint}")
-                train, test, val = views(idx)
+                drawn = np.sort(np.concatenate([s.test for s in stage_data])) if stage_data else None
+                train, test, val = views(idx, drawn if test_source == "test" else None)
                 stage_data.append(StageData(classes, train, test, val, **refs))
             clients.append(ClientData(
                 train=np.sort(np.concatenate([s.train for s in stage_data])),
@@ -147,7 +151,7 @@ def make_partition(train_labels: np.ndarray, test_labels: np.ndarray, num_classe
             if len(idx) == 0:
                 raise ConfigError(f"partition left client {i} with no training samples; {hint}")
             own = np.flatnonzero(np.asarray(test_clients) == i) if config.local_test == "own" else None
-            train, test, val = views(idx, own)
+            train, test, val = views(idx, own_test=own)
             clients.append(ClientData(train, test, val, **refs))
     return Partition(num_classes=num_classes, kept=kept, global_train_counts=global_counts,
                      clients=clients, test_source=test_source, scheme=config.scheme, server=server)

@@ -135,8 +135,8 @@ class PartitionConfig(BaseModel):
         if self.quantity is not None and self.scheme not in ("dirichlet", "pathological"):
             raise ValueError(
                 f"--quantity only applies to --partition dirichlet or pathological (got {self.scheme})")
-        if self.balanced and self.scheme != "dirichlet":
-            raise ValueError(f"--balanced only applies to --partition dirichlet (got {self.scheme})")
+        if self.balanced and self.scheme not in ("dirichlet", "stages"):
+            raise ValueError(f"--balanced only applies to --partition dirichlet or stages (got {self.scheme})")
         if self.balanced and self.quantity is not None:
             raise ValueError("--balanced cannot be combined with --quantity (both set client sizes)")
         if self.local_test == "holdout" and self.test_fraction >= 1.0:
@@ -168,8 +168,7 @@ class PartitionConfig(BaseModel):
                 f"--classes-per-client must be in 1..{c} (got {self.classes_per_client})")
         if self.scheme == "dominant" and not 1 <= self.groups <= c:
             raise ConfigError(f"--groups must be in 1..{c} (got {self.groups})")
-        if self.scheme == "stages" and self.classes_per_stage * self.stages > c:
+        if self.scheme == "stages" and not 1 <= self.classes_per_stage <= c:
             raise ConfigError(
-                f"--classes-per-stage × --stages must be <= {c} classes, since a client never sees "
-                f"a class in two stages (got {self.classes_per_stage} × {self.stages} = "
-                f"{self.classes_per_stage * self.stages})")
+                f"--classes-per-stage must be in 1..{c}, since the classes of one stage task are distinct "
+                f"(got {self.classes_per_stage})")

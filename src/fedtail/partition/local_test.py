@@ -3,7 +3,8 @@
 - "sampled" (default): test size = round(f · n_train) with the client's training label proportions
   (largest-remainder rounding, then >= 1 per trained class when the size allows), drawn without
   replacement from the official test split's samples of each class. Clients draw independently, so
-  two clients may share test samples.
+  two clients may share test samples; the stage tasks of one client never do (a class that recurs in
+  a later stage is tested on samples its earlier stages did not draw).
 - "holdout": f of the client's own samples, stratified per class, keeping >= 1 training sample per
   class when possible; indices then point into the training split.
 - validation: a stratified per-client carve of the remaining training indices, same rule as holdout.
@@ -56,9 +57,15 @@ def sampled_counts(train_counts: np.ndarray, test_available: np.ndarray, fractio
 
 
 def sample_test(train_idx: np.ndarray, train_labels: np.ndarray, test_by_class: list[np.ndarray],
-                fraction: float, rng: np.random.Generator) -> np.ndarray:
-    """Indices into the test split following the training label proportions of `train_idx`."""
+                fraction: float, rng: np.random.Generator, exclude: np.ndarray | None = None) -> np.ndarray:
+    """Indices into the test split following the training label proportions of `train_idx`.
+
+    ``exclude``: sorted test indices not to draw (a client's earlier stage tasks' test samples, so
+    a class that recurs in a later stage is tested on other samples there).
+    """
     num_classes = len(test_by_class)
+    if exclude is not None and len(exclude):
+        test_by_class = [np.setdiff1d(t, exclude, assume_unique=True) for t in test_by_class]
     counts = np.bincount(train_labels[train_idx], minlength=num_classes)
     avail = np.array([len(t) for t in test_by_class], dtype=np.int64)
     alloc = sampled_counts(counts, avail, fraction)

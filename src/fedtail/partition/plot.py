@@ -9,6 +9,7 @@ import matplotlib
 matplotlib.use("Agg")  # headless: the CLI writes files, never opens windows
 
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from fedtail.partition.partition import Partition  # noqa: E402
@@ -18,8 +19,15 @@ _ANNOTATE_MAX_CELLS = 400
 
 
 def plot_heatmap(partition: Partition, path: str | Path) -> None:
-    """Write a PNG heatmap (rows = clients, columns = classes) of training sample counts."""
+    """Write a PNG heatmap (rows = clients, columns = classes) of training sample counts.
+
+    With stage tasks a row per client stage task (client i's M stages in order), white lines
+    between clients, so a class that comes back in a later stage shows in the client's block.
+    """
     counts = partition.train_count_matrix()
+    stages = len(partition.clients[0].stages) if partition.clients else 0
+    if stages:
+        counts = np.stack([st.train_counts(partition.num_classes) for cl in partition.clients for st in cl.stages])
     n_clients, n_classes = counts.shape
     # Grow with the grid but stay within a printable size (100 × 100 fits in 16 × 14 inches).
     width = min(max(6.0, 0.14 * n_classes + 3.0), 16.0)
@@ -29,11 +37,21 @@ def plot_heatmap(partition: Partition, path: str | Path) -> None:
     ax.set_xlabel("class")
     ax.set_ylabel("client")
     title = f"training samples per client and class ({n_clients} clients, {n_classes} classes)"
+    if stages:
+        ax.set_ylabel(f"client (a row per stage task, {stages} per client)")
+        title = f"samples per client stage task ({n_clients // stages} clients × {stages} stages, {n_classes} classes)"
+        for b in range(stages, n_clients, stages):
+            ax.axhline(b - 0.5, color="white", lw=0.8)
     if partition.scheme:
         title = f"{partition.scheme}: {title}"
     ax.set_title(title, fontsize=10)
-    for axis, n in ((ax.xaxis, n_classes), (ax.yaxis, n_clients)):
-        axis.set_major_locator(MaxNLocator(nbins=min(n, 20), integer=True))
+    ax.xaxis.set_major_locator(MaxNLocator(nbins=min(n_classes, 20), integer=True))
+    if stages:
+        clients = n_clients // stages
+        ticks = range(0, clients, max(1, clients // 20))
+        ax.set_yticks([i * stages + (stages - 1) / 2 for i in ticks], [str(i) for i in ticks])
+    else:
+        ax.yaxis.set_major_locator(MaxNLocator(nbins=min(n_clients, 20), integer=True))
     fig.colorbar(im, ax=ax, label="training samples")
     if n_clients * n_classes <= _ANNOTATE_MAX_CELLS:
         threshold = counts.max() / 2 if counts.size else 0

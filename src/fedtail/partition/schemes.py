@@ -30,7 +30,8 @@ SCHEMES: dict[str, str] = {
     "dirichlet": "per class, client proportions p ~ Dir(alpha); --quantity / --balanced size variants",
     "pathological": "client i holds --classes-per-client classes (i*n+j) mod C, each class split evenly",
     "dominant": "FedReMa: clients in --groups groups with overlapping dominant labels plus --iid-fraction IID",
-    "stages": "GLDP [N,S,M]: --stages sequential tasks of --classes-per-stage classes per client",
+    "stages": "GLDP [N,S,M]: --stages sequential tasks of --classes-per-stage classes per client (classes may "
+              "recur; --balanced: equal-size label shards)",
     "natural": "the data's own clients (client ids of an npz: or folder: dataset); --clients must equal their number",
 }
 
@@ -235,40 +236,130 @@ def dominant(labels: np.ndarray, kept: np.ndarray, num_classes: int, cfg: Partit
     return clients
 
 
+def distinct_rows(keys: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Exchange entries of ``keys`` (rows × width, small non-negative ints) between rows until no
+    exchange lowers the number of repeated pairs Σ_rows Σ_keys C(n_key, 2); returns the
+    permutation (row-major indices into ``keys``).
+
+    Without a key of more entries than there are rows this ends with no row repeating a key;
+    with one (a head class's shards), its entries end spread as evenly as the rows allow. Each
+    step takes a random row with a repeat, the first of its repeated keys (in random order) that
+    some exchange improves, and the exchange with the largest decrease (ties at random), so the
+    count falls at every step and the loop ends when no row can improve.
+    """
+    rows, width = keys.shape
+    perm = np.arange(keys.size).reshape(rows, width)
+    table = keys.copy()
+    n = np.zeros((rows, int(keys.max(initial=0)) + 1), dtype=np.int64)
+    np.add.at(n, (np.repeat(np.arange(rows), width), table.reshape(-1)), 1)
+    every = np.arange(rows)[:, None]
+    while True:
+        repeated = np.flatnonzero((n > 1).any(axis=1))
+        moved = False
+        for r in rng.permutation(repeated):
+            for c in rng.permutation(np.flatnonzero(n[r] > 1)):  # none left if this pass mended it
+                # change of the count when row r gives one c for entry (r2, q) of key k
+                delta = -(n[r, c] - 1) + n[r][table] - (n[every, table] - 1) + n[:, c][:, None]
+                delta[table == c] = 0
+                if delta.min() < 0:
+                    break
+            else:
+                continue
+            best = delta.min()
+            r2, q = divmod(int(rng.choice(np.flatnonzero(delta.reshape(-1) == best))), width)
+            p = int(rng.choice(np.flatnonzero(table[r] == c)))
+            k = table[r2, q]
+            n[r, c] -= 1; n[r, k] += 1; n[r2, k] -= 1; n[r2, c] += 1  # noqa: E702
+            table[r, p], table[r2, q] = k, c
+            perm[r, p], perm[r2, q] = perm[r2, q], perm[r, p]
+            moved = True
+        if not moved:
+            return perm.reshape(-1)
+
+
 def stages(labels: np.ndarray, kept: np.ndarray, num_classes: int, cfg: PartitionConfig,
            rng: np.random.Generator) -> StageLists:
-    """GLDP's [N, S, M]: M sequential stage tasks of S classes per client.
+    """GLDP's [N, S, M]: N clients, each with M sequential stage tasks of S classes.
 
-    Reading of sthfl-gldp.txt (Sec. 5.1): N clients, each with M stage tasks of S classes, drawn
-    from a long-tailed (IF 10/50/100) training set; a client trains only on its current stage and is
-    tested on all stages seen so far (the engine's job). Classes of different stages of one client are
-    disjoint, so S·M <= C. Class assignment: one seeded random class order π, client i holds
-    π[(i·S·M + j) mod C], j < S·M (every class is held once N·S·M >= C, each by floor or ceil of
-    N·S·M/C clients); a per-client seeded shuffle of those classes gives the stage order, stage k =
-    the next S. A class's kept samples are shuffled and split evenly among the clients holding it, so
-    no index is used twice; unlike GLDP (equal client sizes), sizes then follow the long tail.
+    Reading of sthfl-gldp.txt. The setting ("[N, S, M] denotes that the number of clients is N
+    and each client contains S classes, and M represents the stage tasks of each client", Sec.
+    5.2) has N·M client stage tasks ("slots") of S classes each; the paper's own settings hold
+    more class slots than classes ([20, 4, 5] and [20, 5, 5] on CIFAR-10: 400 and 500 slots of
+    10 classes; [20, 30, 5] on CIFAR-100), and "the classes in the current stage task may not be
+    seen in previous tasks" (Sec. 3, 2(b)), Eq. 9 updates an old class's prototype with new
+    samples and β = 0.5 trades "the new and old sample knowledge of the same class": so a class
+    may come back in a later stage of the same client. The classes of one stage are distinct.
+    The data are cut from the long-tailed pool ("from a global perspective, the data
+    distribution is long-tailed", Sec. 3, 1(b)), all of it used once every class has a slot.
+
+    - default: every class takes floor or ceil of N·M·S/C slots (which classes get one more: a
+      seeded choice), the class slots are shuffled and dealt S to a slot, and repeats within a
+      slot are exchanged away (:func:`distinct_rows`); a class's kept samples are shuffled and
+      split evenly among its slots, so client sizes follow the long tail. A stage's classes are
+      its S slots.
+    - ``--balanced`` (the paper's: "each client is assigned the same number of training samples
+      but with different class distributions", Sec. 5.1, after FedRep [14]): the pool, sorted by
+      label (random order within a class), is cut into N·M·S shards of equal size (±1), as
+      FedAvg's label shards; the shards are shuffled and dealt S to a slot, exchanging away a
+      slot's second shard of the same (majority) label where the shard counts allow. Every
+      client gets M·S shards (equal sizes up to M·S samples), a slot's classes follow the long
+      tail (a head class has more shards than a tail class; one with more shards than there are
+      slots fills some slot twice, which then holds fewer than S classes), and "the data for
+      each class is unbalanced in any stage tasks of clients" (Sec. 3, 1(b)): a shard can
+      straddle two labels. A stage's classes are the labels its samples have.
+
+    Slot r = client i's stage k with r = i·M + k.
     """
     n, s, m = cfg.num_clients, cfg.classes_per_stage, cfg.stages
-    per_client = s * m
-    order = rng.permutation(num_classes)
-    client_classes = [rng.permutation(order[(i * per_client + np.arange(per_client)) % num_classes])
-                      for i in range(n)]
+    slots = n * m
+    if cfg.balanced:
+        return _stage_shards(labels, kept, num_classes, cfg, rng)
+    counts = np.full(num_classes, slots * s // num_classes, dtype=np.int64)
+    counts[rng.permutation(num_classes)[: slots * s % num_classes]] += 1
+    deck = rng.permutation(np.repeat(np.arange(num_classes), counts))
+    table = deck[distinct_rows(deck.reshape(slots, s), rng)].reshape(slots, s)
     holders: list[list[int]] = [[] for _ in range(num_classes)]
-    for i, cls in enumerate(client_classes):
-        for c in cls:
-            holders[int(c)].append(i)
+    for r in range(slots):
+        for c in table[r]:
+            holders[int(c)].append(r)
     pools = _by_class(labels, kept, num_classes)
-    share: list[dict[int, np.ndarray]] = [{} for _ in range(n)]
+    share: list[dict[int, np.ndarray]] = [{} for _ in range(slots)]
     for c in range(num_classes):
         if holders[c]:
-            for client, part in zip(holders[c], np.array_split(rng.permutation(pools[c]), len(holders[c]))):
-                share[client][c] = part.astype(np.int64)
+            for r, part in zip(holders[c], np.array_split(rng.permutation(pools[c]), len(holders[c]))):
+                share[r][c] = part.astype(np.int64)
     out: StageLists = []
-    for i, cls in enumerate(client_classes):
+    for i in range(n):
         client_stages = []
         for k in range(m):
-            stage_cls = np.sort(cls[k * s:(k + 1) * s]).astype(np.int64)
-            client_stages.append((stage_cls, _concat([share[i][int(c)] for c in stage_cls])))
+            r = i * m + k
+            stage_cls = np.sort(table[r]).astype(np.int64)
+            client_stages.append((stage_cls, _concat([share[r][int(c)] for c in stage_cls])))
+        out.append(client_stages)
+    return out
+
+
+def _stage_shards(labels: np.ndarray, kept: np.ndarray, num_classes: int, cfg: PartitionConfig,
+                  rng: np.random.Generator) -> StageLists:
+    """``--balanced`` stage tasks: S equal label shards per slot (see :func:`stages`)."""
+    n, s, m = cfg.num_clients, cfg.classes_per_stage, cfg.stages
+    slots = n * m
+    if len(kept) < slots * s:
+        raise ConfigError(
+            f"--balanced cuts {n} clients × {m} stages × {s} classes = {slots * s} shards from the {len(kept)} "
+            "training samples kept after the long-tail cut; lower --clients, --stages or --classes-per-stage, "
+            "or use a smaller --imbalance")
+    ordered = _concat([rng.permutation(p) for p in _by_class(labels, kept, num_classes)])
+    shards = np.array_split(ordered, slots * s)
+    majority = np.array([np.bincount(labels[sh], minlength=num_classes).argmax() for sh in shards])
+    deal = rng.permutation(slots * s)
+    table = deal[distinct_rows(majority[deal].reshape(slots, s), rng)].reshape(slots, s)
+    out: StageLists = []
+    for i in range(n):
+        client_stages = []
+        for k in range(m):
+            idx = _concat([shards[j] for j in table[i * m + k]])
+            client_stages.append((np.unique(labels[idx]).astype(np.int64), idx))
         out.append(client_stages)
     return out
 

@@ -96,16 +96,34 @@ def accuracy_blocks(col: Collection, reference: Reference | None, level: int = 2
         "",
     ]
     md += [accuracy_table(col, "best", reference), ""]
+    md += [
+        f"{h} {METRICS['last10']}",
+        "",
+        "For each seed, the mean over its evaluations in the final 10 rounds (of global optimisation, with "
+        "nested stage tasks; `summary.json` → `last10`), then mean ± std over seeds.",
+        "",
+        accuracy_table(col, "last10", reference),
+        "",
+    ]
     if has_stage_metrics(col):
         md += [
             f"{h} Final-round stage-task accuracies (%)",
             "",
-            "Stage-task runs (`--partition stages`): at stage m each client is tested on its stages 0..m. "
-            "A_local: each client's personalised model on its own seen-stage test data, mean over all clients; "
+            "Stage-task runs (`--partition stages`): each client is tested on the stage tasks it has trained so far. "
+            "A_local: each client's local model (its personalised model; for methods without one, its own latest "
+            "locally trained model) on its own seen-stage test data, mean over all clients; "
             "A_global: the global model on all clients' seen-stage test data, pooled (— without a global model); "
-            "A_part: as A_local over the clients of the last round only (`summary.json` → `final`).",
+            "A_part: as A_local over the clients of the last round only (`summary.json` → `final`). "
+            "Rows `METHOD:NAME` are a method's named accuracies (GLDP: `gp` nearest global prototype, "
+            "`lp` nearest local prototype, `head` its classifier), from the same runs.",
             "",
-            stage_table(col),
+            stage_table(col, "final"),
+            "",
+            f"{h} Stage-task accuracies, mean over the final 10 rounds (%)",
+            "",
+            "As above, each the mean over the evaluations of the final 10 rounds (`summary.json` → `last10`).",
+            "",
+            stage_table(col, "last10"),
             "",
         ]
     return md
@@ -150,6 +168,22 @@ def accuracy_figure(col: Collection, png: Path) -> Figure | None:
     if not plot_accuracy_curves(curves, col.settings, col.methods, png):
         return None
     return ("Personalised accuracy per round: mean over seeds, shaded band = min–max over seeds.", png)
+
+
+def participants_figure(col: Collection, png: Path) -> Figure | None:
+    """A_part over the final 10 rounds (of global optimisation) of the stage-task runs (the GLDP
+    paper's Figure 4: "the test accuracy of our selected participating clients in the final 10 global
+    rounds"); None without stage-task runs."""
+    if not has_stage_metrics(col):
+        return None
+    curves = {(s, m): [r.metrics() for r in col.finished(s, m)] for s in col.settings for m in col.methods}
+    if not plot_accuracy_curves(
+        curves, col.settings, col.methods, png, key="a_part", last=10,
+        title="Participating clients' accuracy (A_part) in the final 10 rounds (mean over seeds, band = min–max)",
+    ):  # fmt: skip
+        return None
+    return ("A_part, the participating clients' accuracy on their seen-stage test data, in the final 10 rounds "
+            "(of global optimisation with nested stage tasks): mean over seeds, band = min–max.", png)  # fmt: skip
 
 
 def acmu_run(col: Collection, setting: str, method: str) -> Run | None:

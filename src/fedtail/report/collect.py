@@ -6,13 +6,17 @@ seed) are grouped by that layout; any other run is grouped by its config: the me
 algorithm name (with its options, if any) and the setting a label derived from the dataset and
 the partition (e.g. ``fmnist-a0.5-if10``). A ``sweep.json`` beside the setting folders gives
 the order of settings and methods, the runs that were planned, and the sweep's command.
+
+A finished run whose evaluations report named accuracies (``summary.json`` → ``named``: GLDP's
+``gp``, ``lp``, ``head``) also stands, once per name, as the run of method ``METHOD:NAME`` with
+that accuracy's numbers, so a table has a row per named accuracy (GLDP-GP and GLDP-LP from one run).
 """
 
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +38,7 @@ class Run:
     # finished, but with another config than the sweep file plans for its folder: not in the tables
     stale: bool = False
     diverged: int | None = None  # the round at which the run diverged (its summary says so); not finished
+    named: str | None = None  # a named accuracy of another run (method "METHOD:NAME"), see with_named
     _metrics: list[dict[str, Any]] | None = field(default=None, repr=False)
 
     @property
@@ -56,6 +61,47 @@ class Run:
                 pass
             self._metrics = rows
         return self._metrics
+
+
+NAMED_SEP = ":"  # the method of a named accuracy NAME of method METHOD: "METHOD:NAME"
+
+
+def named_run(run: Run, name: str) -> Run:
+    """The view of ``run`` (finished) as its named accuracy ``name``: summary.json's ``named[name]``
+    entries in place of the headline ones, and each metrics row's ``named[name]`` values."""
+    summary = run.summary or {}
+    entries = summary["named"][name]
+    view = replace(run, method=f"{run.method}{NAMED_SEP}{name}", named=name, _metrics=None)
+    view.summary = {"status": "finished", "rounds": summary.get("rounds")} | entries
+    rows = []
+    for row in run.metrics():
+        values = (row.get("named") or {}).get(name)
+        if isinstance(values, dict):
+            rows.append({k: row[k] for k in ("round", "global_round", "stage", "seen_stages") if k in row} | values)
+    view._metrics = rows
+    return view
+
+
+def with_named(runs: list[Run], methods: list[str], expected: dict[tuple[str, str], set[int]]) -> list[str]:
+    """Add to ``runs`` a run per named accuracy of each finished run (method ``METHOD:NAME``), to
+    ``expected`` their cells' planned seeds; returns ``methods`` with each method's named ones
+    right after it."""
+    added: dict[str, list[str]] = {}
+    for run in list(runs):
+        if not run.finished or run.named is not None:
+            continue
+        for name in (run.summary or {}).get("named") or {}:
+            view = named_run(run, name)
+            runs.append(view)
+            added.setdefault(run.method, [])
+            if view.method not in added[run.method]:
+                added[run.method].append(view.method)
+            if (run.setting, run.method) in expected:
+                expected.setdefault((run.setting, view.method), set()).update(expected[(run.setting, run.method)])
+    out: list[str] = []
+    for m in methods:
+        out += [m, *added.get(m, [])]
+    return out
 
 
 @dataclass
@@ -180,6 +226,7 @@ def collect(paths: list[Path]) -> Collection:
     _drop_duplicate_seeds(runs, warnings)
     settings = _order([s.get("settings", []) for s in sweeps], [r.setting for r in runs], [c[0] for c in expected])
     methods = _order([s.get("methods", []) for s in sweeps], [r.method for r in runs], [c[1] for c in expected])
+    methods = with_named(runs, methods, expected)
     for run in runs:
         if not run.finished:
             what = "diverged run; its cells say so" if run.diverged is not None else "unfinished run; not in the tables"

@@ -17,6 +17,7 @@ from fedtail.report.blocks import (
     Figure,
     accuracy_blocks,
     accuracy_figure,
+    participants_figure,
     acmu_figure,
     acmu_run,
     cells_note,
@@ -69,6 +70,9 @@ def write_report(
     acc = accuracy_figure(col, out.with_name(f"{out.stem}-accuracy.png"))
     if acc:
         figures.append(acc)
+    part = participants_figure(col, out.with_name(f"{out.stem}-participants.png"))
+    if part:
+        figures.append(part)
     for s in col.settings:
         for m in col.methods:
             run = acmu_run(col, s, m)
@@ -105,7 +109,7 @@ def _markdown(
     report_command: str,
     warnings: list[str],
 ) -> str:
-    finished = [r for r in col.runs if r.finished]
+    finished = [r for r in col.runs if r.finished and r.named is None]  # named accuracies: views of runs
     unfinished = [r for r in col.runs if not r.finished]
     md: list[str] = [f"# {title or 'fedtail report'}", "", GENERATED, ""]
     md += header_lines(_produced_by(col, command), report_command, col.sweeps)

@@ -29,12 +29,14 @@ def _colors(n: int) -> list[Any]:
     return [cmap(i % cmap.N) for i in range(n)]
 
 
-def accuracy_series(rows_per_seed: Iterable[list[dict[str, Any]]]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Rounds and the mean, min and max over seeds of ``personalized_acc`` at each round."""
+def accuracy_series(
+    rows_per_seed: Iterable[list[dict[str, Any]]], key: str = "personalized_acc", x: str = "round"
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Rounds (the rows' ``x``) and the mean, min and max over seeds of ``key`` at each."""
     by_round: dict[int, list[float]] = {}
     for rows in rows_per_seed:
         for row in rows:
-            rnd, acc = row.get("round"), row.get("personalized_acc")
+            rnd, acc = row.get(x, row.get("round")), row.get(key)
             if isinstance(rnd, int) and isinstance(acc, (int, float)) and math.isfinite(acc):
                 by_round.setdefault(rnd, []).append(float(acc))
     rounds = np.array(sorted(by_round), dtype=int)
@@ -52,9 +54,19 @@ def plot_accuracy_curves(
     settings: Sequence[str],
     methods: Sequence[str],
     path: Path,
+    key: str = "personalized_acc",
+    last: int | None = None,
+    title: str = "Personalised accuracy per round (mean over seeds, band = min–max)",
 ) -> bool:
-    """``curves[(setting, method)]`` = metrics rows of each seed. Returns False if nothing to plot."""
-    settings = [s for s in settings if any(curves.get((s, m)) for m in methods)]
+    """``curves[(setting, method)]`` = metrics rows of each seed. Returns False if nothing to plot.
+
+    ``key``: the plotted value of each row; ``last``: only the final ``last`` rounds (of global
+    optimisation: the rows' ``global_round`` where they have one), plotted against those rounds.
+    """
+    if last is not None:
+        curves = {cell: [_final_rounds(rows, last) for rows in seeds] for cell, seeds in curves.items()}
+    x = "round" if last is None else "global_round"
+    settings = [s for s in settings if any(accuracy_series(curves.get((s, m)) or [], key, x)[0].size for m in methods)]
     if not settings:
         return False
     ncols = min(len(settings), 3)
@@ -65,7 +77,7 @@ def plot_accuracy_curves(
     for ax, setting in zip(axes.flat, settings):
         for method in methods:
             seeds = curves.get((setting, method)) or []
-            rounds, mean, low, high = accuracy_series(seeds)
+            rounds, mean, low, high = accuracy_series(seeds, key, x)
             if not len(rounds):
                 continue
             (line,) = ax.plot(rounds, 100 * mean, color=colors[method], lw=1.6, marker="." if len(rounds) < 30 else None)
@@ -74,20 +86,30 @@ def plot_accuracy_curves(
             handles.setdefault(method, line)
         ax.set_title(setting, fontsize=10)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_xlabel("round")
-        ax.set_ylabel("personalised accuracy (%)")
+        ax.set_xlabel("round" if last is None else "round of global optimisation")
+        ax.set_ylabel("personalised accuracy (%)" if key == "personalized_acc" else f"{key} (%)")
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(settings):]:
         ax.set_visible(False)
     fig.legend(
         list(handles.values()), list(handles), loc="lower center", ncol=min(len(handles), 7), fontsize=9, frameon=False
     )
-    fig.suptitle("Personalised accuracy per round (mean over seeds, band = min–max)", fontsize=11)
+    fig.suptitle(title, fontsize=11)
     fig.tight_layout(rect=(0, 0.08 if nrows == 1 else 0.04, 1, 0.97))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
     plt.close(fig)
     return True
+
+
+def _final_rounds(rows: list[dict[str, Any]], last: int) -> list[dict[str, Any]]:
+    """The rows of the final ``last`` rounds (of global optimisation), by their ``global_round``."""
+    numbered = [r for r in rows if isinstance(r.get("global_round", r.get("round")), int)]
+    if not numbered:
+        return []
+    end = max(r.get("global_round", r["round"]) for r in numbered)
+    return [r | {"global_round": r.get("global_round", r["round"])} for r in numbered
+            if r.get("global_round", r["round"]) > end - last]  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from fedtail.report.blocks import (
     Figure,
     accuracy_blocks,
     accuracy_figure,
+    participants_figure,
     acmu_figure,
     acmu_run,
     cells_note,
@@ -38,7 +39,7 @@ from fedtail.report.blocks import (
     slug,
     warnings_block,
 )
-from fedtail.report.collect import Collection, Run, load_run
+from fedtail.report.collect import Collection, Run, load_run, with_named
 from fedtail.report.document import ReportResult, check_out
 from fedtail.report.tables import Reference, costs_table_of, load_reference
 from fedtail.sweep.spec import Sweep, load_sweep
@@ -106,7 +107,8 @@ def load_section(path: Path, cache: dict[Path, Run | None], warnings: list[str])
                 warnings.append(f"{run.dir}: {status.note}; not in the tables of {path}")
         runs.append(run)
     record = _record(sweep.out, warnings)
-    col = Collection(runs, list(sweep.settings), list(sweep.methods), expected, [record] if record else [], [])
+    methods = with_named(runs, list(sweep.methods), expected)
+    col = Collection(runs, list(sweep.settings), methods, expected, [record] if record else [], [])
     return Section(path, sweep_title(path), sweep, col, record)
 
 
@@ -173,6 +175,9 @@ def write_sweep_report(
         acc = accuracy_figure(sec.col, names.take(f"accuracy-{slug(sec.file.stem)}"))
         if acc:
             figures.append(acc)
+        part = participants_figure(sec.col, names.take(f"participants-{slug(sec.file.stem)}"))
+        if part:
+            figures.append(part)
         for s in sec.col.settings:
             for m in sec.col.methods:
                 run = acmu_run(sec.col, s, m)
@@ -221,7 +226,7 @@ def _markdown(
     md += cells_note(reference, eval_splits([r for sec in sections for r in sec.col.runs]))
 
     for sec, (figures, notes) in zip(sections, per_section):
-        n_done = sum(r.finished for r in sec.col.runs)
+        n_done = sum(r.finished and r.named is None for r in sec.col.runs)  # named accuracies: views of runs
         sw = sec.sweep
         md += [f"## {sec.name}", ""]
         md += [
@@ -271,11 +276,13 @@ def _costs(sections: list[Section]) -> str:
                 key = (sec.sweep.out.resolve(), s, m)
                 runs = cells.setdefault(key, {})
                 for run in sec.col.finished(s, m):
-                    runs.setdefault(run.dir.resolve(), run)
+                    if run.named is None:  # a named accuracy is a view of a run counted under its method
+                        runs.setdefault(run.dir.resolve(), run)
                 # with several run folders the same setting name may mean different runs
                 labels[key] = f"{sec.sweep.out}/{s}" if several_outs else s
     groups = [
         (m, labels[(o, s, m)], sorted(runs.values(), key=lambda r: (r.seed or 0, str(r.dir))))
         for (o, s, m), runs in cells.items()
+        if runs
     ]
     return costs_table_of(groups)

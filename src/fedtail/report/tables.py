@@ -23,6 +23,7 @@ DASH = "—"
 METRICS = {
     "final": "Final-round personalised accuracy (%)",
     "best": "Best-round personalised accuracy (%)",
+    "last10": "Personalised accuracy, mean over the final 10 rounds (%)",
 }
 # Stage-task runs (--partition stages): the GLDP paper's metrics, from summary.json → final.
 STAGE_METRICS = {"a_local": "A_local", "a_global": "A_global", "a_part": "A_part"}
@@ -48,7 +49,7 @@ class Cell:
 
 
 def cell(runs: list[Run], which: str, key: str = "personalized_acc") -> Cell:
-    """``which`` is "final" or "best": that entry of each run's summary.json; ``key`` its value."""
+    """``which`` is "final", "best" or "last10": that entry of each run's summary.json; ``key`` its value."""
     out = Cell()
     for run in runs:
         entry = (run.summary or {}).get(which) or {}
@@ -93,7 +94,7 @@ def cell_text(col: Collection, setting: str, method: str, which: str, key: str =
 class Reference:
     values: dict[str, dict[str, float]]  # setting -> method -> percent
     source: str | None = None
-    metric: str = "both"  # which table(s) the numbers sit beside: final | best | both
+    metric: str = "both"  # which table(s) the numbers sit beside: final | best | last10 | both (final, best)
     # sweep file stem -> setting -> method -> percent: where one sweep file's section (e.g. an
     # ablation table) has its own number for a method that another section shares
     sections: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
@@ -102,7 +103,7 @@ class Reference:
         return self.values.get(setting, {}).get(method)
 
     def applies(self, which: str) -> bool:
-        return self.metric in ("both", which)
+        return self.metric == which or (self.metric == "both" and which in ("final", "best"))
 
     def for_section(self, stem: str) -> "Reference":
         """The numbers of the sweep file ``stem``'s section: ``[sections.STEM.SETTING]`` over the rest."""
@@ -154,8 +155,8 @@ def load_reference(path: Path) -> Reference:
         raise ConfigError(f"--reference {path}: sections must be [sections.SWEEP_FILE_STEM.SETTING] tables")
     sections = {str(stem): _percentages(path, f"sections.{stem}", t) for stem, t in sections_raw.items()}
     metric = raw.get("metric", "both")
-    if metric not in ("final", "best", "both"):
-        raise ConfigError(f"--reference {path}: metric must be final, best or both (got {metric!r})")
+    if metric not in ("final", "best", "last10", "both"):
+        raise ConfigError(f"--reference {path}: metric must be final, best, last10 or both (got {metric!r})")
     source = raw.get("source")
     return Reference(values, str(source) if source is not None else None, metric, sections)
 
@@ -201,11 +202,11 @@ def has_stage_metrics(col: Collection) -> bool:
     return any("a_local" in ((r.summary or {}).get("final") or {}) for r in col.runs if r.finished)
 
 
-def stage_table(col: Collection) -> str:
-    """Final-round A_local / A_global / A_part: rows = methods, three columns per setting."""
+def stage_table(col: Collection, which: str = "final") -> str:
+    """A_local / A_global / A_part of ``which`` (final or last10): rows = methods, three columns per setting."""
     header = ["method"] + [f"{s} {name}" for s in col.settings for name in STAGE_METRICS.values()]
     rows = [
-        [m] + [cell_text(col, s, m, "final", key) for s in col.settings for key in STAGE_METRICS]
+        [m] + [cell_text(col, s, m, which, key) for s in col.settings for key in STAGE_METRICS]
         for m in col.methods
     ]
     return markdown_table(header, rows)
@@ -225,8 +226,10 @@ def _mean(values: list[float]) -> float | None:
 
 
 def costs_table(col: Collection) -> str:
-    """Wall minutes per run and MB (10^6 bytes) per round up / down / edge→server, mean over seeds."""
-    return costs_table_of([(m, s, col.finished(s, m)) for m in col.methods for s in col.settings])
+    """Wall minutes per run and MB (10^6 bytes) per round up / down / edge→server, mean over seeds
+    (named accuracies are views of other runs: no rows of their own)."""
+    groups = [(m, s, col.finished(s, m)) for m in col.methods for s in col.settings]
+    return costs_table_of([(m, s, runs) for m, s, runs in groups if not any(r.named for r in runs)])
 
 
 def costs_table_of(groups: list[tuple[str, str, list[Run]]]) -> str:
@@ -266,7 +269,10 @@ def incomplete_cells(col: Collection) -> list[str]:
     # cells a sweep planned expect the planned seeds; any other cell every seed of such runs
     seen = {r.seed for r in col.runs if r.seed is not None and (r.setting, r.method) not in col.expected}
     lines = []
+    derived = {r.method for r in col.runs if r.named}  # named accuracies: their run's cell says it
     for m in col.methods:
+        if m in derived:
+            continue
         for s in col.settings:
             done = {r.seed for r in col.finished(s, m)}
             expected = col.expected.get((s, m)) or seen
