@@ -146,7 +146,7 @@ class ClientRuntime:
         if self.keeps_local:
             local = self._local_model(task, ctx, reply)
         state = {} if task.read_only else ctx.state  # nothing to send back from an evaluation
-        return Result(task.cid, reply, state, time.perf_counter() - start, local)
+        return Result(task.cid, reply, state, time.perf_counter() - start, local=local)
 
     def _local_model(self, task: Task, ctx: ClientContext, reply: Message) -> Message | None:
         """Keep a fit's upload as the client's local model; evaluate it at an evaluation."""
