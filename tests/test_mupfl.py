@@ -419,7 +419,7 @@ def test_pkcf_after_aggregation_tunes_the_model_that_evaluate_sees(order):
         untuned = evaluate(rt, cid, sim.server.global_weights(), state | {"personal": acmu}).tensors["correct"]
         direct = rt.workspace.model("check")
         direct.load_state_dict(personal)
-        view = rt.views[cid]
+        view = rt.views.at(1)[cid]
         assert torch.equal(seen_acc, evaluate_model(direct, rt.workspace.dataset, view.eval_split, view.eval_index, 5).correct)
         if order == "before-local":
             assert torch.equal(seen_acc, untuned)

@@ -129,7 +129,7 @@ def test_pfllib_steps_take_two_passes_of_full_chunks():
     B, E = config.train.batch_size, config.train.local_epochs
     checked = 0
     for cid in range(config.partition.num_clients):
-        n = len(rt.views[cid].train)
+        n = len(rt.views.at(1)[cid].train)
         for variant, k in (("fo", 2), ("hf", 3)):
             set_options(rt, config, variant=variant, steps="pfllib")
             answer, _ = fit(rt, cid, rt.workspace.init_weights)
@@ -154,7 +154,7 @@ def test_null_beta_is_the_runs_learning_rate():
     answer, _ = fit(rt, cid, start)
     generator = torch.Generator().manual_seed(derive_seed(config.seed, 1, 0, cid))
     dataset = rt.workspace.dataset
-    parts = step_batches_of(rt.views[cid].train, 2 * config.train.batch_size, generator, 2)
+    parts = step_batches_of(rt.views.at(1)[cid].train, 2 * config.train.batch_size, generator, 2)
     batches = [dataset.batch(dataset.train, part) for part in parts]
     model = rt.workspace.model("check")
     model.load_state_dict(start)
