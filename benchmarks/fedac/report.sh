@@ -12,3 +12,8 @@ cd "$(dirname "$0")/../.."
   --out benchmarks/fedac/VALIDATION.md \
   --title "FedAC and baselines on Fashion-MNIST: validation runs for the open hyperparameters" \
   --command "fedtail sweep benchmarks/fedac/validation_fmnist.toml"
+.venv/bin/fedtail report \
+  --sweep benchmarks/fedac/validation1000_fmnist.toml \
+  --out benchmarks/fedac/VALIDATION1000.md \
+  --title "FedAC and baselines on Fashion-MNIST: validation at the full 1000-round budget" \
+  --command "fedtail sweep benchmarks/fedac/validation1000_fmnist.toml"
