@@ -283,7 +283,8 @@ def test_train_classifier_is_plain_sgd():
 
 def test_creff_defaults_and_validation():
     opts = CReFFConfig()
-    assert (opts.num_features, opts.match_iterations, opts.match_lr) == (100, 100, 0.1)
+    # the validated matching lr and initial scale (benchmarks/mupfl/README.md), the rest the authors'
+    assert (opts.num_features, opts.match_iterations, opts.match_lr, opts.feature_init_std) == (100, 100, 100.0, 0.1)
     assert (opts.retrain_epochs, opts.retrain_batch, opts.retrain_lr) == (300, 32, 0.01)
     assert (opts.grad_repeats, opts.grad_batch) == (10, 32)
     with pytest.raises(ConfigError):
@@ -291,7 +292,8 @@ def test_creff_defaults_and_validation():
 
 
 def test_feature_init_std_option_reaches_the_server_features():
-    unit, small = simulation(creff_config()), simulation(creff_config(options={"feature_init_std": 0.01}))
+    unit = simulation(creff_config(options={"feature_init_std": 1.0}))
+    small = simulation(creff_config(options={"feature_init_std": 0.01}))
     try:
         assert torch.allclose(small.server.features.features, unit.server.features.features * 0.01)
     finally:
