@@ -309,7 +309,7 @@ def test_clustered_methods_get_the_same_scatter_from_their_clustering_record(tmp
     md = tmp_path / "R.md"
     res = invoke("report", root, "--out", md)
     assert res.exit_code == 0, res.output
-    assert (tmp_path / "R-acmu-s-fedac.png").stat().st_size > 5000
+    assert (tmp_path / "R-clusters-s-fedac.png").stat().st_size > 5000  # not MuPFL: named "clusters"
     assert "Client clustering, s / fedac / seed 0" in md.read_text()
 
 
@@ -434,7 +434,9 @@ def test_sweep_sections_have_their_own_figures(two_sweeps, tmp_path):
     assert "](R-acmu-s-x-fedavg.png)" in sec_a and "](R-acmu" not in sec_b
     assert "`s-x` / `fedavg` / seed 0: shown under “Table A: baselines”" in sec_b
     pngs = sorted(p.name for p in tmp_path.glob("R-*.png"))
-    assert pngs == ["R-accuracy-a.png", "R-accuracy-b.png", "R-acmu-s-x-fedavg.png"]
+    # the number of clusters per round is drawn for each section that has clustered runs
+    assert pngs == ["R-accuracy-a.png", "R-accuracy-b.png", "R-acmu-s-x-fedavg.png",
+                    "R-clusters-per-round-a.png", "R-clusters-per-round-b.png"]  # fmt: skip
 
 
 def test_sweep_sections_with_reference(two_sweeps, tmp_path):

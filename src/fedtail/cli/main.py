@@ -376,6 +376,9 @@ def report(
     reference: Optional[Path] = typer.Option(None, help="TOML with \\[reference.SETTING] METHOD = percent"),
     title: Optional[str] = typer.Option(None, help="report title"),
     command: Optional[str] = typer.Option(None, help="the command that produced the runs (default: from sweep.json)"),
+    rounds_to: list[float] = typer.Option(
+        [], "--rounds-to", help="accuracy level in percent (repeatable): a table of the rounds to reach it"
+    ),
 ) -> None:
     """Tables (mean ± std over seeds) and figures of finished runs, as Markdown + PNG.
 
@@ -396,6 +399,8 @@ def report(
     for flag, value in (("--reference", reference), ("--title", title), ("--command", command)):
         if value is not None:
             argv += [flag, str(value)]
+    for level in rounds_to:
+        argv += ["--rounds-to", f"{level:g}"]
     try:
         if run_dirs and sweep_files:
             raise FedtailError("report: give run folders or --sweep files, not both")
@@ -409,6 +414,7 @@ def report(
             reference_path=reference,
             title=title,
             command=command,
+            rounds_to=rounds_to,
         )
     except FedtailError as err:
         fail(str(err))

@@ -10,8 +10,16 @@ from __future__ import annotations
 import re
 from datetime import date
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
+from fedtail.report.analyses import (
+    Sensitivity,
+    check_levels,
+    plot_cluster_counts,
+    plot_sensitivity,
+    rounds_to_table,
+    sensitivity_table,
+)
 from fedtail.report.collect import Collection, Run
 from fedtail.report.machine import describe, machine_info
 from fedtail.report.plots import acmu_records, plot_accuracy_curves, plot_acmu
@@ -209,3 +217,55 @@ def acmu_figure(run: Run, setting: str, method: str, png: Path) -> Figure | None
 
 def warnings_block(warnings: list[str]) -> list[str]:
     return ["## Warnings", ""] + [f"- {w}" for w in warnings] + [""] if warnings else []
+
+
+def scatter_stem(run: Run) -> str:
+    """File-name stem of a cell's cluster scatter: ``acmu`` for MuPFL's ACMU records, else ``clusters``."""
+    records = acmu_records(run.metrics())
+    clustered = any(r.get("source") == "clustering" for recs in records.values() for r in recs)
+    return "clusters" if clustered else "acmu"
+
+
+def rounds_to_block(col: Collection, levels: Sequence[float], level: int = 2) -> list[str]:
+    """Rounds until the personalised accuracy first reaches each level (``--rounds-to``)."""
+    if not levels:
+        return []
+    return [
+        f"{'#' * level} Rounds to reach {' / '.join(f'{v:g} %' for v in check_levels(levels))} personalised accuracy",
+        "",
+        "For each seed, the first evaluated round whose personalised accuracy is at least the level "
+        "(`metrics.jsonl`; exact up to the evaluation interval), then mean ± std over the seeds that reach it; "
+        "“k of n seeds” when some never do, “not reached (R rounds)” when none does within the run's R rounds.",
+        "",
+        rounds_to_table(col, levels),
+        "",
+    ]
+
+
+def sensitivity_block(col: Collection, groups: list[Sensitivity], level: int = 2) -> list[str]:
+    """The table of the sensitivity curves (methods differing in one numeric option only)."""
+    if not groups:
+        return []
+    return [
+        f"{'#' * level} Sensitivity to one option",
+        "",
+        "Methods of one algorithm whose runs differ only in one numeric option, by the option's value: "
+        "final-round personalised accuracy (%), as in the tables above.",
+        "",
+        sensitivity_table(col, groups),
+        "",
+    ]
+
+
+def sensitivity_figure(col: Collection, groups: list[Sensitivity], png: Path) -> Figure | None:
+    if not plot_sensitivity(col, groups, png):
+        return None
+    return ("Final-round personalised accuracy against one option, the rest of the configuration fixed: "
+            "mean over seeds, bars = min–max.", png)  # fmt: skip
+
+
+def cluster_count_figure(col: Collection, png: Path) -> Figure | None:
+    if not plot_cluster_counts(col, png):
+        return None
+    return ("Number of clusters per round of the clustered methods (FedAC's CNT, MuPFL's κ; first seed of each "
+            "cell), from the `clustering` / `acmu` entries logged every round.", png)  # fmt: skip

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 from fedtail.errors import FedtailError
 from fedtail.report.blocks import (
@@ -21,6 +22,11 @@ from fedtail.report.blocks import (
     acmu_figure,
     acmu_run,
     cells_note,
+    cluster_count_figure,
+    rounds_to_block,
+    scatter_stem,
+    sensitivity_block,
+    sensitivity_figure,
     eval_splits,
     costs_block,
     figures_block,
@@ -29,6 +35,7 @@ from fedtail.report.blocks import (
     slug,
     warnings_block,
 )
+from fedtail.report.analyses import check_levels, sensitivity_groups
 from fedtail.report.collect import Collection, collect
 from fedtail.report.tables import Reference, costs_table, load_reference, unused_reference
 
@@ -54,9 +61,13 @@ def write_report(
     reference_path: Path | None = None,
     title: str | None = None,
     command: str | None = None,
+    rounds_to: Sequence[float] = (),
 ) -> ReportResult:
-    """Write ``out`` (Markdown) and its PNG figures; raises FedtailError on bad input."""
+    """Write ``out`` (Markdown) and its PNG figures; raises FedtailError on bad input.
+
+    ``rounds_to``: accuracy levels (percent) for a table of the rounds each method needs to reach them."""
     check_out(out)
+    rounds_to = check_levels(rounds_to) if rounds_to else []
     reference = load_reference(reference_path) if reference_path else None
     col = collect(paths)
     if not col.runs and not col.expected:
@@ -73,17 +84,25 @@ def write_report(
     part = participants_figure(col, out.with_name(f"{out.stem}-participants.png"))
     if part:
         figures.append(part)
+    groups = sensitivity_groups(col)
+    sens = sensitivity_figure(col, groups, out.with_name(f"{out.stem}-sensitivity.png"))
+    if sens:
+        figures.append(sens)
+    counts = cluster_count_figure(col, out.with_name(f"{out.stem}-clusters-per-round.png"))
+    if counts:
+        figures.append(counts)
     for s in col.settings:
         for m in col.methods:
             run = acmu_run(col, s, m)
             if run is None:
                 continue
-            fig = acmu_figure(run, s, m, out.with_name(f"{out.stem}-acmu-{slug(s)}-{slug(m)}.png"))
+            fig = acmu_figure(run, s, m, out.with_name(f"{out.stem}-{scatter_stem(run)}-{slug(s)}-{slug(m)}.png"))
             if fig:
                 figures.append(fig)
     result.plots = [p for _, p in figures]
 
-    text = _markdown(col, reference, paths, out, figures, title, command, report_command, result.warnings)
+    analyses = rounds_to_block(col, rounds_to) + sensitivity_block(col, groups)
+    text = _markdown(col, reference, paths, out, figures, title, command, report_command, result.warnings, analyses)
     out.write_text(text)
     return result
 
@@ -108,6 +127,7 @@ def _markdown(
     command: str | None,
     report_command: str,
     warnings: list[str],
+    analyses: list[str],
 ) -> str:
     finished = [r for r in col.runs if r.finished and r.named is None]  # named accuracies: views of runs
     unfinished = [r for r in col.runs if not r.finished]
@@ -121,6 +141,7 @@ def _markdown(
     md.append("")
     md += cells_note(reference, eval_splits(col.runs))
     md += accuracy_blocks(col, reference)
+    md += analyses
     md += costs_block(costs_table(col))
     md += incomplete_block(col)
     if reference is not None:

@@ -8,9 +8,11 @@ counts when it holds a finished run whose ``config.json`` is the planned config 
 ``sweep.json`` of ``out`` is read only for what it alone knows: the machine and the times. It
 describes whichever sweep ran last in that folder, so it does not give the plan.
 
-The document has one header, then per file its tables, incomplete cells and figures (accuracy
-vs round, and ACMU scatters not already shown by an earlier section), then one costs table in
-which every distinct run counts once.
+The document has one header, then per file its tables (with ``rounds_to`` levels also the rounds
+to reach them; sensitivity curves where methods differ in one option, see
+:mod:`fedtail.report.analyses`), incomplete cells and figures (accuracy vs round, sensitivity,
+clusters per round, and cluster scatters not already shown by an earlier section), then one
+costs table in which every distinct run counts once.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import json
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from fedtail.errors import FedtailError
 from fedtail.report.blocks import (
@@ -31,6 +33,11 @@ from fedtail.report.blocks import (
     acmu_figure,
     acmu_run,
     cells_note,
+    cluster_count_figure,
+    rounds_to_block,
+    scatter_stem,
+    sensitivity_block,
+    sensitivity_figure,
     eval_splits,
     costs_block,
     figures_block,
@@ -39,6 +46,7 @@ from fedtail.report.blocks import (
     slug,
     warnings_block,
 )
+from fedtail.report.analyses import check_levels, sensitivity_groups
 from fedtail.report.collect import Collection, Run, load_run, with_named
 from fedtail.report.document import ReportResult, check_out
 from fedtail.report.tables import Reference, costs_table_of, load_reference
@@ -151,9 +159,13 @@ def write_sweep_report(
     reference_path: Path | None = None,
     title: str | None = None,
     command: str | None = None,
+    rounds_to: Sequence[float] = (),
 ) -> ReportResult:
-    """Write ``out`` (Markdown, one section per sweep file) and its PNG figures; FedtailError on bad input."""
+    """Write ``out`` (Markdown, one section per sweep file) and its PNG figures; FedtailError on bad input.
+
+    ``rounds_to``: accuracy levels (percent) for a table of the rounds each method needs to reach them."""
     check_out(out)
+    rounds_to = check_levels(rounds_to) if rounds_to else []
     seen: set[Path] = set()
     for f in files:
         if f.resolve() in seen:
@@ -178,6 +190,12 @@ def write_sweep_report(
         part = participants_figure(sec.col, names.take(f"participants-{slug(sec.file.stem)}"))
         if part:
             figures.append(part)
+        sens = sensitivity_figure(sec.col, sensitivity_groups(sec.col), names.take(f"sensitivity-{slug(sec.file.stem)}"))
+        if sens:
+            figures.append(sens)
+        counts = cluster_count_figure(sec.col, names.take(f"clusters-per-round-{slug(sec.file.stem)}"))
+        if counts:
+            figures.append(counts)
         for s in sec.col.settings:
             for m in sec.col.methods:
                 run = acmu_run(sec.col, s, m)
@@ -187,13 +205,13 @@ def write_sweep_report(
                 if key in shown:
                     notes.append(f"ACMU clustering of `{s}` / `{m}` / seed {run.seed}: shown under “{shown[key]}”.")
                     continue
-                fig = acmu_figure(run, s, m, names.take(f"acmu-{slug(s)}-{slug(m)}"))
+                fig = acmu_figure(run, s, m, names.take(f"{scatter_stem(run)}-{slug(s)}-{slug(m)}"))
                 if fig:
                     figures.append(fig)
                     shown[key] = sec.name
         per_section.append((figures, notes))
 
-    text = _markdown(sections, per_section, reference, out, title, command, report_command, warnings)
+    text = _markdown(sections, per_section, reference, out, title, command, report_command, warnings, rounds_to)
     out.write_text(text)
     return ReportResult(out, plots=[p for figs, _ in per_section for _, p in figs], warnings=warnings)
 
@@ -207,6 +225,7 @@ def _markdown(
     command: str | None,
     report_command: str,
     warnings: list[str],
+    rounds_to: Sequence[float] = (),
 ) -> str:
     records = list({Path(r["root"]).resolve(): r for sec in sections if (r := sec.record)}.values())
     outs = list(dict.fromkeys(str(sec.sweep.out) for sec in sections))
@@ -236,6 +255,8 @@ def _markdown(
             "",
         ]
         md += accuracy_blocks(sec.col, reference.for_section(sec.file.stem) if reference else None, level=3)
+        md += rounds_to_block(sec.col, rounds_to, level=3)
+        md += sensitivity_block(sec.col, sensitivity_groups(sec.col), level=3)
         md += incomplete_block(sec.col, level=3)
         md += figures_block(figures, out, level=3, notes=notes)
 

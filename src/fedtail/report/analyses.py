@@ -1,0 +1,288 @@
+"""Analyses of ``fedtail report`` beyond the accuracy tables.
+
+* :func:`rounds_to_table`: rounds until the personalised accuracy first reaches given levels (the
+  MuPFL paper's "communication rounds to reach 80 % / 90 %" comparison). The round is the first
+  *evaluated* round at or above the level, so with ``eval_every = k`` it is exact up to k − 1
+  rounds; a seed that never reaches it counts as "not reached", never as its last round.
+* :func:`sensitivity_groups` / :func:`plot_sensitivity`: a hyperparameter's sensitivity curve
+  (FedAC's Figure 4, MuPFL's Table V, FedReMa's Table 3), found without being told: methods of one
+  algorithm whose runs are configured identically except for one numeric option form a curve of
+  final accuracy against that option's value.
+* :func:`cluster_counts` / :func:`plot_cluster_counts`: the number of clusters per round of the
+  clustered methods (FedAC's CNT, MuPFL's κ), from the ``clustering`` / ``acmu`` entries of the
+  ``rounds_log`` in ``metrics.jsonl``, which are logged every round.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
+
+from fedtail.errors import FedtailError  # noqa: E402
+from fedtail.report.collect import Collection, Run  # noqa: E402
+from fedtail.report.tables import DASH, markdown_table  # noqa: E402
+
+# ---------------------------------------------------------------------------------------------
+# rounds to an accuracy level
+
+
+def check_levels(levels: Sequence[float]) -> list[float]:
+    """Levels in percent, each in (0, 100], sorted, without repeats; FedtailError otherwise."""
+    out = sorted(set(float(v) for v in levels))
+    bad = [v for v in out if not (0 < v <= 100) or not math.isfinite(v)]
+    if bad:
+        raise FedtailError(f"--rounds-to takes accuracy levels in percent, in (0, 100]; got {bad}")
+    return out
+
+
+def first_round_at(rows: list[dict[str, Any]], level: float, key: str = "personalized_acc") -> int | None:
+    """The first evaluated round whose ``key`` is at least ``level`` (a fraction); None if never."""
+    for row in sorted((r for r in rows if isinstance(r.get("round"), int)), key=lambda r: r["round"]):
+        value = row.get(key)
+        if isinstance(value, (int, float)) and math.isfinite(value) and value >= level - 1e-12:
+            return int(row["round"])
+    return None
+
+
+def rounds_to_text(runs: list[Run], level: float) -> str:
+    """A cell: mean ± std of the rounds over the seeds that reached ``level`` (percent), and how many did."""
+    if not runs:
+        return DASH
+    reached = [r for r in (first_round_at(run.metrics(), level / 100) for run in runs) if r is not None]
+    total = len(runs)
+    if not reached:
+        last = max((run.summary or {}).get("rounds") or 0 for run in runs)
+        return f"not reached ({last} rounds)" if last else "not reached"
+    text = str(reached[0]) if len(reached) == 1 else f"{statistics.fmean(reached):.1f} ± {statistics.stdev(reached):.1f}"
+    return text + (f" ({len(reached)} of {total} seeds)" if len(reached) < total else f" ({total} seed{'s' * (total > 1)})")
+
+
+def rounds_to_table(col: Collection, levels: Sequence[float]) -> str:
+    """Methods × (setting, level): rounds to reach each level of personalised accuracy."""
+    levels = check_levels(levels)
+    header = ["method"] + [f"{s}: {lv:g} %" for s in col.settings for lv in levels]
+    rows = [
+        [m] + [rounds_to_text(col.finished(s, m), lv) for s in col.settings for lv in levels] for m in col.methods
+    ]
+    return markdown_table(header, rows)
+
+
+# ---------------------------------------------------------------------------------------------
+# sensitivity to one option
+
+
+@dataclass
+class Sensitivity:
+    algorithm: str
+    option: str
+    points: dict[str, float] = field(default_factory=dict)  # method -> the option's value
+
+    @property
+    def title(self) -> str:
+        return f"{self.algorithm}: {self.option}"
+
+
+def _number(v: Any) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        return None
+    return float(v)
+
+
+def _effective_options(config: dict[str, Any]) -> dict[str, Any]:
+    """The run's options with the algorithm's defaults filled in where the algorithm is known
+    (a method that leaves an option at its default then lines up with one that names it)."""
+    options = dict(config.get("options") or {})
+    try:
+        from fedtail.components import algorithm
+
+        alg = algorithm(str(config.get("algorithm")))
+        return {**alg.config().model_dump(mode="json"), **alg.reference.options, **options}
+    except Exception:  # an algorithm this installation cannot load: its options as written
+        return options
+
+
+def sensitivity_groups(col: Collection) -> list[Sensitivity]:
+    """Curves of ≥ 3 methods of one algorithm that differ in exactly one numeric option (and in
+    nothing else of their configs, seeds aside), in method order; each method in one curve per option."""
+    configs: dict[str, dict[str, Any]] = {}
+    for m in col.methods:
+        for s in col.settings:
+            runs = [r for r in col.finished(s, m) if r.named is None and r.config]
+            if runs:
+                configs[m] = runs[0].config  # type: ignore[assignment]
+                break
+    rest = {m: {k: v for k, v in c.items() if k not in ("options", "seed")} for m, c in configs.items()}
+    options = {m: _effective_options(c) for m, c in configs.items()}
+    groups: dict[tuple[str, str, str], Sensitivity] = {}
+    methods = list(configs)
+    for i, a in enumerate(methods):
+        for b in methods[i + 1 :]:
+            if rest[a] != rest[b]:
+                continue
+            keys = set(options[a]) | set(options[b])
+            differ = [k for k in keys if options[a].get(k) != options[b].get(k)]
+            if len(differ) != 1:
+                continue
+            key = differ[0]
+            va, vb = _number(options[a].get(key)), _number(options[b].get(key))
+            if va is None or vb is None:
+                continue
+            # the options other than `key` identify the curve
+            others = repr(sorted((k, repr(v)) for k, v in options[a].items() if k != key))
+            g = groups.setdefault((str(configs[a].get("algorithm")), key, others), Sensitivity(str(configs[a]["algorithm"]), key))
+            g.points.setdefault(a, va)
+            g.points.setdefault(b, vb)
+    out = [g for g in groups.values() if len(g.points) >= 3]
+    order = {m: i for i, m in enumerate(col.methods)}
+    return sorted(out, key=lambda g: min(order[m] for m in g.points))
+
+
+def _scale(ax: Any, values: list[float]) -> None:
+    positive = [v for v in values if v > 0]
+    if len(positive) >= 2 and max(positive) / min(positive) >= 50:
+        if min(values) > 0:
+            ax.set_xscale("log")
+        elif min(values) == 0:
+            ax.set_xscale("symlog", linthresh=min(positive))
+
+
+def plot_sensitivity(col: Collection, groups: list[Sensitivity], path: Path, which: str = "final") -> bool:
+    """One subplot per curve: ``which`` accuracy (mean over seeds, error bar = min–max) against the
+    option's value, one line per setting. False when there is nothing to plot."""
+    if not groups:
+        return False
+    ncols = min(len(groups), 3)
+    nrows = math.ceil(len(groups) / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(max(4.4 * ncols, 6.0), 3.3 * nrows + 0.5), squeeze=False, dpi=110)
+    colors = plt.get_cmap("tab10")
+    drawn = False
+    for ax, g in zip(axes.flat, groups):
+        for j, s in enumerate(col.settings):
+            xs, mean, low, high = [], [], [], []
+            for m, x in sorted(g.points.items(), key=lambda kv: kv[1]):
+                vals = [
+                    float(v) for r in col.finished(s, m)
+                    if isinstance(v := ((r.summary or {}).get(which) or {}).get("personalized_acc"), (int, float))
+                ]  # fmt: skip
+                if vals:
+                    xs.append(x)
+                    mean.append(100 * statistics.fmean(vals))
+                    low.append(100 * min(vals))
+                    high.append(100 * max(vals))
+            if not xs:
+                continue
+            drawn = True
+            m_arr = np.array(mean)
+            err = np.array([m_arr - np.array(low), np.array(high) - m_arr])
+            ax.errorbar(xs, mean, yerr=err, marker="o", ms=4, lw=1.4, capsize=3, color=colors(j % 10), label=s)
+        _scale(ax, list(g.points.values()))
+        ax.set_title(g.title, fontsize=10)
+        ax.set_xlabel(g.option)
+        ax.set_ylabel(f"{which} personalised accuracy (%)", fontsize=8)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(groups) :]:
+        ax.set_visible(False)
+    if not drawn:
+        plt.close(fig)
+        return False
+    fig.suptitle("Sensitivity: accuracy against one option, the rest fixed (mean over seeds, bars = min–max)", fontsize=10)
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return True
+
+
+def sensitivity_table(col: Collection, groups: list[Sensitivity], which: str = "final") -> str:
+    """The numbers behind :func:`plot_sensitivity`: one row per (curve, value)."""
+    from fedtail.report.tables import cell_text
+
+    rows = [
+        [g.title, f"{x:g}", m] + [cell_text(col, s, m, which) for s in col.settings]
+        for g in groups
+        for m, x in sorted(g.points.items(), key=lambda kv: kv[1])
+    ]
+    header = ["curve", "value", "method"] + list(col.settings)
+    return markdown_table(header, rows, ["l", "r", "l"] + ["r"] * len(col.settings))
+
+
+# ---------------------------------------------------------------------------------------------
+# number of clusters per round
+
+
+def cluster_counts(rows: list[dict[str, Any]]) -> tuple[list[int], list[float]]:
+    """Rounds and the number of clusters at each (the mean of the edges' κ for ACMU with several
+    edges), from every ``rounds_log`` entry that has one; empty lists for unclustered runs."""
+    by_round: dict[int, float] = {}
+    for row in rows:
+        for entry in row.get("rounds_log") or []:
+            if not isinstance(entry, dict) or not isinstance(entry.get("round"), int):
+                continue
+            k: float | None = None
+            rec = entry.get("clustering")
+            if isinstance(rec, dict) and _number(rec.get("num_clusters")) is not None:
+                k = float(rec["num_clusters"])
+            acmu = entry.get("acmu")
+            if isinstance(acmu, list):
+                kappas = [float(r["kappa"]) for r in acmu if isinstance(r, dict) and _number(r.get("kappa")) is not None]
+                if kappas:
+                    k = statistics.fmean(kappas)
+            if k is not None:
+                by_round[entry["round"]] = k
+    rounds = sorted(by_round)
+    return rounds, [by_round[r] for r in rounds]
+
+
+def plot_cluster_counts(col: Collection, path: Path) -> bool:
+    """Number of clusters per round of each clustered method (first seed), one subplot per setting."""
+    curves: dict[str, dict[str, tuple[list[int], list[float]]]] = {}
+    for s in col.settings:
+        for m in col.methods:
+            for run in col.finished(s, m):
+                if run.named is not None:
+                    continue
+                rounds, ks = cluster_counts(run.metrics())
+                if rounds:
+                    curves.setdefault(s, {})[m] = (rounds, ks)
+                    break
+    if not curves:
+        return False
+    settings = [s for s in col.settings if s in curves]
+    methods = [m for m in col.methods if any(m in c for c in curves.values())]
+    colors = dict(zip(methods, [plt.get_cmap("tab20" if len(methods) > 10 else "tab10")(i) for i in range(len(methods))]))
+    ncols = min(len(settings), 3)
+    nrows = math.ceil(len(settings) / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(max(4.6 * ncols, 6.4), 3.2 * nrows + 0.8), squeeze=False, dpi=110)
+    handles: dict[str, Any] = {}
+    for ax, s in zip(axes.flat, settings):
+        for m, (rounds, ks) in curves[s].items():
+            (line,) = ax.step(rounds, ks, where="post", lw=1.3, color=colors[m])
+            handles.setdefault(m, line)
+        ax.set_title(s, fontsize=10)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("round")
+        ax.set_ylabel("clusters")
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(settings) :]:
+        ax.set_visible(False)
+    fig.suptitle("Number of clusters per round (first seed of each method)", fontsize=10)
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
+    # beside the plots: long method names do not fit under them
+    fig.legend(list(handles.values()), list(handles), loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8, frameon=False)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, bbox_inches="tight")
+    plt.close(fig)
+    return True

@@ -1,0 +1,116 @@
+"""``fedtail report``'s analyses: rounds to an accuracy level, sensitivity curves, clusters per round."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from conftest import tiny_config
+from fedtail.report.analyses import cluster_counts, first_round_at, sensitivity_groups
+from fedtail.report.collect import collect
+from helpers import invoke
+from test_report import make_run, table
+
+
+def curve_run(folder: Path, accs: list[float], *, seed: int = 0, algorithm: str = "fedprox", options=None, rounds_log=None):
+    """A finished run whose evaluated rounds 1..n have the accuracies ``accs``."""
+    config = tiny_config(seed=seed, algorithm=algorithm, rounds=len(accs), options=options or {}).model_dump(mode="json")
+    make_run(folder, seed=seed, final=accs[-1], best=max(accs), best_round=1 + accs.index(max(accs)),
+             rounds=len(accs), algorithm=algorithm, config=config, rounds_log=rounds_log)  # fmt: skip
+    rows = [{"round": r, "personalized_acc": a, "rounds_log": (rounds_log or {}).get(r, [{"round": r}])}
+            for r, a in enumerate(accs, 1)]  # fmt: skip
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+def test_first_round_at_takes_the_first_evaluation_at_or_above_the_level():
+    rows = [{"round": 4, "personalized_acc": 0.9}, {"round": 2, "personalized_acc": 0.8}, {"round": 3, "personalized_acc": 0.7}]
+    assert first_round_at(rows, 0.8) == 2  # rows out of order are sorted; exactly the level counts
+    assert first_round_at(rows, 0.85) == 4
+    assert first_round_at(rows, 0.95) is None
+    assert first_round_at([{"round": 1, "personalized_acc": float("nan")}], 0.1) is None
+
+
+def test_rounds_to_table(tmp_path):
+    root = tmp_path / "runs"
+    curve_run(root / "s" / "fast" / "seed0", [0.5, 0.82, 0.91, 0.9], seed=0)
+    curve_run(root / "s" / "fast" / "seed1", [0.81, 0.85, 0.88, 0.92], seed=1)
+    curve_run(root / "s" / "slow" / "seed0", [0.5, 0.6, 0.7, 0.85], seed=0)
+    curve_run(root / "s" / "slow" / "seed1", [0.5, 0.6, 0.7, 0.75], seed=1)
+    md = tmp_path / "R.md"
+    res = invoke("report", root, "--out", md, "--rounds-to", 90, "--rounds-to", 80)
+    assert res.exit_code == 0, res.output
+    text = md.read_text()
+    assert "--rounds-to 90 --rounds-to 80" in text  # the report command is recorded
+    rows = table(text, "Rounds to reach 80 % / 90 % personalised accuracy")
+    assert rows["fast"]["s: 80 %"] == "1.5 ± 0.7 (2 seeds)"  # rounds 2 and 1
+    assert rows["fast"]["s: 90 %"] == "3.5 ± 0.7 (2 seeds)"  # rounds 3 and 4
+    assert rows["slow"]["s: 80 %"] == "4 (1 of 2 seeds)"
+    assert rows["slow"]["s: 90 %"] == "not reached (4 rounds)"
+
+
+def test_rounds_to_rejects_levels_outside_percent(tmp_path):
+    root = tmp_path / "runs"
+    curve_run(root / "s" / "m" / "seed0", [0.5, 0.6])
+    for bad in ("0", "150"):
+        res = invoke("report", root, "--out", tmp_path / "R.md", "--rounds-to", bad)
+        assert res.exit_code != 0
+        assert "in (0, 100]" in res.output
+    assert not (tmp_path / "R.md").exists()
+
+
+def test_sensitivity_curves_are_found_from_the_configs(tmp_path):
+    root = tmp_path / "runs"
+    finals = {"mu0.001": 0.80, "mu0.01": 0.84, "mu0.1": 0.78}
+    for name, acc in finals.items():
+        curve_run(root / "s" / name / "seed0", [0.5, acc], options={"mu": float(name[2:])})
+    # mu and the learning rate changed at once: not on the curve
+    curve_run(root / "s" / "mu1-other" / "seed0", [0.5, 0.7], options={"mu": 1.0})
+    cfg = json.loads((root / "s" / "mu1-other" / "seed0" / "config.json").read_text())
+    cfg["train"]["lr"] = cfg["train"]["lr"] * 2  # and another learning rate: a different experiment
+    (root / "s" / "mu1-other" / "seed0" / "config.json").write_text(json.dumps(cfg))
+    # the default (fedprox's mu, not written in options) lines up with the written values
+    curve_run(root / "s" / "default" / "seed0", [0.5, 0.83])
+    groups = sensitivity_groups(collect([root]))
+    assert len(groups) == 1
+    g = groups[0]
+    assert (g.algorithm, g.option) == ("fedprox", "mu")
+    assert set(g.points) == {"mu0.001", "mu0.01", "mu0.1", "default"}
+    assert g.points["mu0.1"] > g.points["mu0.001"] > 0
+    md = tmp_path / "R.md"
+    res = invoke("report", root, "--out", md)
+    assert res.exit_code == 0, res.output
+    part = md.read_text().split("Sensitivity to one option", 1)[1].split("## Costs", 1)[0]
+    # by value, the default (0.01 for fedprox) among them
+    assert "| fedprox: mu | 0.001 | mu0.001 | 80.00 (1 seed) |" in part
+    assert "| fedprox: mu | 0.01 | mu0.01 | 84.00 (1 seed) |" in part
+    assert "| fedprox: mu | 0.1 | mu0.1 | 78.00 (1 seed) |" in part
+    assert "mu1-other" not in part
+    assert (tmp_path / "R-sensitivity.png").stat().st_size > 5000
+
+
+def test_no_sensitivity_curve_from_two_points(tmp_path):
+    root = tmp_path / "runs"
+    for mu in (0.01, 0.1):
+        curve_run(root / "s" / f"mu{mu}" / "seed0", [0.5, 0.8], options={"mu": mu})
+    assert sensitivity_groups(collect([root])) == []
+    md = tmp_path / "R.md"
+    assert invoke("report", root, "--out", md).exit_code == 0
+    assert "Sensitivity to one option" not in md.read_text()
+    assert not (tmp_path / "R-sensitivity.png").exists()
+
+
+def test_cluster_counts_from_clustering_and_acmu_records(tmp_path):
+    rows = [
+        {"round": 2, "rounds_log": [{"round": 1, "clustering": {"num_clusters": 3}}, {"round": 2, "clustering": {"num_clusters": 4}}]},
+        {"round": 3, "rounds_log": [{"round": 3, "acmu": [{"edge": 0, "kappa": 2}, {"edge": 1, "kappa": 5}]}]},
+        {"round": 4, "rounds_log": [{"round": 4}, "junk", {"round": 5, "clustering": {"num_clusters": "x"}}]},
+    ]
+    assert cluster_counts(rows) == ([1, 2, 3], [3.0, 4.0, 3.5])
+    assert cluster_counts([{"round": 1, "rounds_log": [{"round": 1}]}]) == ([], [])
+    root = tmp_path / "runs"
+    log = {r: [{"round": r, "clustering": {"num_clusters": k}}] for r, k in ((1, 2), (2, 3), (3, 3))}
+    curve_run(root / "s" / "fedac" / "seed0", [0.5, 0.6, 0.7], algorithm="fedavg", rounds_log=log)
+    md = tmp_path / "R.md"
+    assert invoke("report", root, "--out", md).exit_code == 0
+    assert (tmp_path / "R-clusters-per-round.png").stat().st_size > 5000
+    assert "Number of clusters per round" in md.read_text()
