@@ -30,7 +30,7 @@ data: $(STAMP)
 	PY=$(BIN)/python bash scripts/ensure-fmnist.sh
 
 demo: data
-	$(BIN)/fedtail compare --config configs/demo.toml --algorithms fedavg,local --out runs/demo
+	$(BIN)/fedtail compare --config configs/demo.toml --algorithms mupfl,ditto,fedavg,local --out runs/demo
 
 test: data install-flower
 	$(BIN)/python -m pytest -o addopts="" -q --ignore=tests/deployment
