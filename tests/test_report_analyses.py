@@ -114,3 +114,55 @@ def test_cluster_counts_from_clustering_and_acmu_records(tmp_path):
     assert invoke("report", root, "--out", md).exit_code == 0
     assert (tmp_path / "R-clusters-per-round.png").stat().st_size > 5000
     assert "Number of clusters per round" in md.read_text()
+
+
+# --- reference numbers beside the stage-task tables (GLDP's Tables 1-3) ---------------------------
+
+
+def stage_run(folder: Path, a_local: float, a_global: float | None, a_part: float) -> None:
+    curve_run(folder, [0.5, a_local], algorithm="fedavg")
+    summary = json.loads((folder / "summary.json").read_text())
+    stage = {"round": 2, "personalized_acc": a_local, "a_local": a_local, "a_global": a_global, "a_part": a_part}
+    summary["final"] = stage
+    summary["last10"] = stage
+    (folder / "summary.json").write_text(json.dumps(summary))
+
+
+def test_stage_reference_columns_carry_their_label(tmp_path):
+    root = tmp_path / "runs"
+    stage_run(root / "20-4-5" / "fedavg" / "seed0", 0.40, 0.60, 0.45)
+    stage_run(root / "20-4-5" / "gldp" / "seed0", 0.70, 0.65, 0.72)
+    ref = tmp_path / "ref.toml"
+    ref.write_text(
+        'label = "paper, CIFAR-10"\nsource = "Table 2 and 3"\n'
+        '[stages."20-4-5".fedavg]\na_local = 38.77\na_global = 59.94\n'
+        '[stages."20-4-5".gldp]\na_local = 65.22\n'
+        '[stages."100-4-1".fedavg]\na_local = 43.10\n'
+    )
+    md = tmp_path / "R.md"
+    res = invoke("report", root, "--out", md, "--reference", ref)
+    assert res.exit_code == 0, res.output
+    text = md.read_text()
+    rows = table(text, "Final-round stage-task accuracies (%)")
+    assert rows["fedavg"]["20-4-5 A_local"] == "40.00 (1 seed)"
+    assert rows["fedavg"]["20-4-5 A_local (paper, CIFAR-10)"] == "38.77"
+    assert rows["gldp"]["20-4-5 A_local (paper, CIFAR-10)"] == "65.22"
+    assert rows["fedavg"]["20-4-5 A_global (paper, CIFAR-10)"] == "59.94"
+    assert rows["gldp"]["20-4-5 A_global (paper, CIFAR-10)"] == "—"
+    assert "20-4-5 A_part (paper, CIFAR-10)" not in rows["fedavg"]  # no numbers: no column
+    assert "Columns marked (paper, CIFAR-10)" in text
+    assert "100-4-1 / fedavg" in text  # a reference number without runs is listed
+
+
+def test_stage_reference_errors(tmp_path):
+    root = tmp_path / "runs"
+    stage_run(root / "s" / "fedavg" / "seed0", 0.4, 0.6, 0.45)
+    for content, needle in (
+        ('[stages.s.fedavg]\na_loc = 38.0\n', "unknown; use a_local"),
+        ('[stages.s.fedavg]\na_local = 138.0\n', "percentage in [0, 100]"),
+        ('label = ""\n[stages.s.fedavg]\na_local = 38.0\n', "label must be"),
+    ):
+        ref = tmp_path / "ref.toml"
+        ref.write_text(content)
+        res = invoke("report", root, "--out", tmp_path / "R.md", "--reference", ref)
+        assert res.exit_code != 0 and needle in res.output, res.output

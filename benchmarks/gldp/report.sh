@@ -5,6 +5,7 @@ cd "$(dirname "$0")/../.."
 .venv/bin/fedtail report \
   --sweep benchmarks/gldp/tables23_fmnist.toml --sweep benchmarks/gldp/table4_fmnist.toml \
   --sweep benchmarks/gldp/table1_fmnist.toml \
+  --reference benchmarks/gldp/paper_cifar10.toml \
   --out benchmarks/gldp/RESULTS.md \
   --title "GLDP (STHFL) and baselines on Fashion-MNIST: Tables 1-4 and Figures 3-4 analogues"
 .venv/bin/fedtail report \

@@ -79,7 +79,7 @@ def cells_note(reference: Reference | None, splits: list[str]) -> list[str]:
         md[0] += " **These runs were evaluated on different splits (`eval_split`: " + ", ".join(splits) + ").**"
     if reference is not None:
         src = f" Source: {reference.source}." if reference.source else ""
-        md += ["", f"Columns marked (paper) hold the reference numbers from `--reference`.{src}"]
+        md += ["", f"Columns marked ({reference.label}) hold the reference numbers from `--reference`.{src}"]
     return md + [""]
 
 
@@ -125,13 +125,13 @@ def accuracy_blocks(col: Collection, reference: Reference | None, level: int = 2
             "Rows `METHOD:NAME` are a method's named accuracies (GLDP: `gp` nearest global prototype, "
             "`lp` nearest local prototype, `head` its classifier), from the same runs.",
             "",
-            stage_table(col, "final"),
+            stage_table(col, "final", reference),
             "",
             f"{h} Stage-task accuracies, mean over the final 10 rounds (%)",
             "",
             "As above, each the mean over the evaluations of the final 10 rounds (`summary.json` → `last10`).",
             "",
-            stage_table(col, "last10"),
+            stage_table(col, "last10", reference),
             "",
         ]
     return md

@@ -262,12 +262,13 @@ def _markdown(
 
     md += costs_block(_costs(sections), note=" Each run counts once, also when several sweep files plan it.")
     if reference is not None:
-        unused = [
+        unused = list(dict.fromkeys(
             f"{s} / {m}"
-            for s, methods in reference.values.items()
+            for table in (reference.values, reference.stages)
+            for s, methods in table.items()
             for m in methods
             if not any(s in sec.col.settings and m in sec.col.methods for sec in sections)
-        ]
+        ))  # fmt: skip
         stems = {sec.file.stem: sec for sec in sections}
         unused += [
             f"{stem}: {s} / {m}"

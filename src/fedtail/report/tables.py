@@ -98,9 +98,18 @@ class Reference:
     # sweep file stem -> setting -> method -> percent: where one sweep file's section (e.g. an
     # ablation table) has its own number for a method that another section shares
     sections: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
+    # setting -> method -> {"a_local" | "a_global" | "a_part": percent}: beside the stage-task tables
+    stages: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
+    label: str = "paper"  # the columns' mark, e.g. "paper, CIFAR-10" when the paper's data differ
 
     def get(self, setting: str, method: str) -> float | None:
         return self.values.get(setting, {}).get(method)
+
+    def get_stage(self, setting: str, method: str, key: str) -> float | None:
+        return self.stages.get(setting, {}).get(method, {}).get(key)
+
+    def has_stage(self, setting: str, key: str) -> bool:
+        return any(key in per_method for per_method in self.stages.get(setting, {}).values())
 
     def applies(self, which: str) -> bool:
         return self.metric == which or (self.metric == "both" and which in ("final", "best"))
@@ -113,10 +122,10 @@ class Reference:
         values = {s: dict(m) for s, m in self.values.items()}
         for setting, methods in override.items():
             values.setdefault(setting, {}).update(methods)
-        return Reference(values, self.source, self.metric)
+        return Reference(values, self.source, self.metric, stages=self.stages, label=self.label)
 
 
-REFERENCE_KEYS = ("reference", "sections", "source", "metric")
+REFERENCE_KEYS = ("reference", "sections", "stages", "source", "metric", "label")
 
 
 def _percentages(path: Path, where: str, table: Any) -> dict[str, dict[str, float]]:
@@ -149,7 +158,8 @@ def load_reference(path: Path) -> Reference:
     unknown = sorted(set(raw) - set(REFERENCE_KEYS))
     if unknown:
         raise ConfigError(f"--reference {path}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(REFERENCE_KEYS)}")
-    values = _percentages(path, "reference", raw.get("reference"))
+    stages = _stage_percentages(path, raw.get("stages", {}))
+    values = _percentages(path, "reference", raw.get("reference")) if "reference" in raw or not stages else {}
     sections_raw = raw.get("sections", {})
     if not isinstance(sections_raw, dict):
         raise ConfigError(f"--reference {path}: sections must be [sections.SWEEP_FILE_STEM.SETTING] tables")
@@ -158,7 +168,38 @@ def load_reference(path: Path) -> Reference:
     if metric not in ("final", "best", "last10", "both"):
         raise ConfigError(f"--reference {path}: metric must be final, best, last10 or both (got {metric!r})")
     source = raw.get("source")
-    return Reference(values, str(source) if source is not None else None, metric, sections)
+    label = raw.get("label", "paper")
+    if not isinstance(label, str) or not label.strip():
+        raise ConfigError(f"--reference {path}: label must be a non-empty string (got {label!r})")
+    return Reference(values, str(source) if source is not None else None, metric, sections, stages, label.strip())
+
+
+def _stage_percentages(path: Path, table: Any) -> dict[str, dict[str, dict[str, float]]]:
+    """``[stages.SETTING.METHOD] a_local = percent`` (and a_global, a_part), validated."""
+    if not isinstance(table, dict):
+        raise ConfigError(f"--reference {path}: stages must be [stages.SETTING.METHOD] tables")
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for setting, methods in table.items():
+        if not isinstance(methods, dict):
+            raise ConfigError(f"--reference {path}: stages.{setting} must hold [stages.{setting}.METHOD] tables")
+        for method, values in methods.items():
+            if not isinstance(values, dict) or not values:
+                raise ConfigError(
+                    f"--reference {path}: stages.{setting}.{method} must be a table of "
+                    f"{' / '.join(STAGE_METRICS)} = percent"
+                )
+            for key, value in values.items():
+                if key not in STAGE_METRICS:
+                    raise ConfigError(
+                        f"--reference {path}: stages.{setting}.{method}.{key}: unknown; use {', '.join(STAGE_METRICS)}"
+                    )
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 100:
+                    raise ConfigError(
+                        f"--reference {path}: stages.{setting}.{method}.{key} must be a percentage in [0, 100] "
+                        f"(got {value!r})"
+                    )
+                out.setdefault(str(setting), {}).setdefault(str(method), {})[key] = float(value)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -184,7 +225,7 @@ def accuracy_table(col: Collection, which: str, reference: Reference | None = No
     for s in col.settings:
         header.append(s)
         if use_ref and s in reference.values:  # type: ignore[union-attr]
-            header.append(f"{s} (paper)")
+            header.append(f"{s} ({reference.label})")  # type: ignore[union-attr]
     rows = []
     for m in col.methods:
         row = [m]
@@ -202,22 +243,40 @@ def has_stage_metrics(col: Collection) -> bool:
     return any("a_local" in ((r.summary or {}).get("final") or {}) for r in col.runs if r.finished)
 
 
-def stage_table(col: Collection, which: str = "final") -> str:
-    """A_local / A_global / A_part of ``which`` (final or last10): rows = methods, three columns per setting."""
-    header = ["method"] + [f"{s} {name}" for s in col.settings for name in STAGE_METRICS.values()]
-    rows = [
-        [m] + [cell_text(col, s, m, which, key) for s in col.settings for key in STAGE_METRICS]
-        for m in col.methods
+def stage_table(col: Collection, which: str = "final", reference: Reference | None = None) -> str:
+    """A_local / A_global / A_part of ``which`` (final or last10): rows = methods, three columns per
+    setting, each followed by a reference column where ``reference`` has stage numbers for it."""
+    use_ref = reference is not None and reference.applies(which)
+    columns = [
+        (s, key, ref)
+        for s in col.settings
+        for key in STAGE_METRICS
+        for ref in ((False, True) if use_ref and reference.has_stage(s, key) else (False,))  # type: ignore[union-attr]
     ]
+    header = ["method"] + [
+        f"{s} {STAGE_METRICS[key]}" + (f" ({reference.label})" if ref else "")  # type: ignore[union-attr]
+        for s, key, ref in columns
+    ]
+    rows = []
+    for m in col.methods:
+        row = [m]
+        for s, key, ref in columns:
+            if ref:
+                value = reference.get_stage(s, m, key)  # type: ignore[union-attr]
+                row.append(DASH if value is None else f"{value:.2f}")
+            else:
+                row.append(cell_text(col, s, m, which, key))
+        rows.append(row)
     return markdown_table(header, rows)
 
 
 def unused_reference(col: Collection, reference: Reference) -> list[str]:
     out = []
-    for s, methods in reference.values.items():
-        for m in methods:
-            if s not in col.settings or m not in col.methods:
-                out.append(f"{s} / {m}")
+    for table in (reference.values, reference.stages):
+        for s, methods in table.items():
+            for m in methods:
+                if (s not in col.settings or m not in col.methods) and f"{s} / {m}" not in out:
+                    out.append(f"{s} / {m}")
     return out
 
 
