@@ -124,6 +124,34 @@ def test_settings_and_methods_filters(tmp_path):
         load_sweep(path, methods=["fedprocs"])
 
 
+def test_methods_may_have_their_own_seeds_and_seeds_filter(tmp_path):
+    path = sweep_file(tmp_path, "[methods.fedavg]\n[methods.local]\nseeds = [0, 1, 2]\n", seeds="[0, 1]")
+    sweep = load_sweep(path)
+    assert [r.label for r in sweep.runs] == [
+        "default/fedavg/seed0", "default/fedavg/seed1", "default/local/seed0", "default/local/seed1", "default/local/seed2",
+    ]  # fmt: skip
+    assert sweep.seeds == [0, 1, 2]
+    later = load_sweep(path, seeds=[2])
+    assert [r.label for r in later.selected] == ["default/local/seed2"]
+    assert len(later.runs) == 5  # the plan is whole; only the selection shrinks
+    with pytest.raises(ConfigError, match="--seeds 7: not in the sweep file; choose from: 0, 1, 2"):
+        load_sweep(path, seeds=[7])
+    bad = sweep_file(tmp_path, "[methods.fedavg]\nseeds = [1, 1]\n", name="bad.toml")
+    with pytest.raises(ConfigError, match=r"\[methods.fedavg\] seeds has duplicates"):
+        load_sweep(bad)
+    bad = sweep_file(tmp_path, "[methods.fedavg]\nseeds = []\n", name="bad2.toml")
+    with pytest.raises(ConfigError, match="non-empty list"):
+        load_sweep(bad)
+
+
+def test_seeds_flag_of_the_command(tmp_path):
+    path = sweep_file(tmp_path, "[methods.fedavg]\n", seeds="[0, 1]")
+    res = invoke("sweep", path, "--seeds", "1", "--dry-run")
+    assert res.exit_code == 0, res.output
+    res = invoke("sweep", path, "--seeds", "x", "--dry-run")
+    assert res.exit_code != 0 and "comma-separated integers" in res.output
+
+
 @pytest.mark.parametrize(
     "body, needles",
     [

@@ -141,13 +141,14 @@ def sweep(
     out: str | Path | None = None,
     force: bool = False,
     rerun_diverged: bool = False,
+    seeds: list[int] | None = None,
 ) -> dict[str, str]:
     """Run what a sweep file plans and is not done yet (as ``fedtail sweep``, without the console);
     returns ``{run folder: status}`` (done, diverged, failed, ...) of the selected runs."""
     from fedtail.sweep import Runner, SweepRecord, busy_dirs, check_stale, load_sweep, run_status, to_run
     from fedtail.sweep.estimate import learned
 
-    plan = load_sweep(file, out=out, settings=settings, methods=methods)
+    plan = load_sweep(file, out=out, settings=settings, methods=methods, seeds=seeds)
     n_jobs = jobs or plan.jobs
     statuses = [run_status(r, busy_dirs()) for r in plan.runs]
     selected = plan.selected_dirs()

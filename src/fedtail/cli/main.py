@@ -316,12 +316,22 @@ def _names_option(text: Optional[str]) -> Optional[list[str]]:
     return [n.strip() for n in text.split(",") if n.strip()] if text else None
 
 
+def _seeds_option(text: Optional[str]) -> Optional[list[int]]:
+    names = _names_option(text)
+    if names is None:
+        return None
+    if not all(n.isdigit() for n in names):
+        raise typer.BadParameter(f"--seeds {text}: give seeds as comma-separated integers >= 0, e.g. 0,1")
+    return [int(n) for n in names]
+
+
 @app.command()
 def sweep(
     file: Path = typer.Argument(..., help="sweep TOML file (out, seeds, jobs, \\[base], \\[settings.*], \\[methods.*])"),
     jobs: Optional[int] = typer.Option(None, help="runs in parallel (overrides the file's `jobs`)"),
     methods: Optional[str] = typer.Option(None, help="comma-separated subset of the file's methods"),
     settings: Optional[str] = typer.Option(None, help="comma-separated subset of the file's settings"),
+    seeds: Optional[str] = typer.Option(None, help="comma-separated subset of the file's seeds, e.g. 0,1"),
     dry_run: bool = typer.Option(False, "--dry-run", help="list the runs with their status; run nothing"),
     force: bool = typer.Option(False, "--force", help="rerun finished runs whose config differs (stale)"),
     rerun_diverged: bool = typer.Option(False, "--rerun-diverged", help="rerun runs that diverged (kept otherwise)"),
@@ -344,6 +354,7 @@ def sweep(
             jobs=jobs,
             methods=_names_option(methods),
             settings=_names_option(settings),
+            seeds=_seeds_option(seeds),
             dry_run=dry_run,
             force=force,
             out=out,

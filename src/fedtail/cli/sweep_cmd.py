@@ -164,6 +164,7 @@ def sweep_command(
     stdout: Any,
     time_limit: str | None = None,
     rerun_diverged: bool = False,
+    seeds: list[int] | None = None,
 ) -> int:
     """``fedtail sweep``: 0 unless a run failed (then 1).
 
@@ -175,7 +176,7 @@ def sweep_command(
         raise ConfigError(f"--jobs must be >= 1 (got {jobs})")
     limit = None if time_limit is None else parse_duration(time_limit)
     deadline = None if limit is None else time.monotonic() + 60 * limit  # counted from the start
-    plan = load_sweep(file, out=out, settings=settings, methods=methods)
+    plan = load_sweep(file, out=out, settings=settings, methods=methods, seeds=seeds)
     n_jobs = jobs or plan.jobs
     if dry_run:
         statuses = [run_status(r, busy_dirs()) for r in plan.runs]
@@ -188,9 +189,9 @@ def sweep_command(
         stdout.print(f"{summary}; {describe(est, n_jobs)} (dry run: nothing was run)", soft_wrap=True)
         return 0
     argv = ["fedtail", "sweep", str(file)]
-    for flag, value in (("--jobs", jobs), ("--methods", methods), ("--settings", settings), ("--out", out)):
+    for flag, value in (("--jobs", jobs), ("--methods", methods), ("--settings", settings), ("--seeds", seeds), ("--out", out)):
         if value is not None:
-            argv += [flag, ",".join(value) if isinstance(value, list) else str(value)]
+            argv += [flag, ",".join(map(str, value)) if isinstance(value, list) else str(value)]
     argv += ["--force"] if force else []
     argv += ["--rerun-diverged"] if rerun_diverged else []
     argv += ["--time-limit", time_limit] if time_limit is not None else []

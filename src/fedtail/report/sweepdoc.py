@@ -251,7 +251,7 @@ def _markdown(
         md += [
             f"Sweep file `{sec.file}`, runs produced by `{sec.command}` into `{sw.out}`: {n_done} of "
             f"{len(sw.runs)} planned runs finished ({_count(sw.methods, 'method')} × "
-            f"{_count(sw.settings, 'setting')} × {_count(sw.seeds, 'seed')}).",
+            f"{_count(sw.settings, 'setting')} × {_seeds_text(sw)}).",
             "",
         ]
         md += accuracy_blocks(sec.col, reference.for_section(sec.file.stem) if reference else None, level=3)
@@ -281,6 +281,14 @@ def _markdown(
             md += ["Reference numbers without a matching setting/method in these sweeps: " + ", ".join(unused), ""]
     md += warnings_block(warnings)
     return "\n".join(md).rstrip() + "\n"
+
+
+def _seeds_text(sw: Sweep) -> str:
+    """"2 seeds", or the seeds per method where methods have their own."""
+    per_method = {m: sorted({r.seed for r in sw.runs if r.method == m}) for m in sw.methods}
+    if len({tuple(v) for v in per_method.values()}) <= 1:
+        return _count(sw.seeds, "seed")
+    return "seeds per method: " + ", ".join(f"{m} {len(v)}" for m, v in per_method.items())
 
 
 def _count(items: list[Any], noun: str) -> str:

@@ -77,12 +77,25 @@ def _pick(requested: list[str] | None, known: list[str], flag: str) -> list[str]
     return [n for n in known if n in requested]
 
 
+def _seed_list(value: Any, where: str) -> list[int]:
+    if (
+        not isinstance(value, list)
+        or not value
+        or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in value)
+    ):
+        raise ConfigError(f"{where} must be a non-empty list of integers >= 0 (got {value!r})")
+    if len(set(value)) != len(value):
+        raise ConfigError(f"{where} has duplicates ({value})")
+    return list(value)
+
+
 def load_sweep(
     path: str | Path,
     *,
     out: str | Path | None = None,
     settings: list[str] | None = None,
     methods: list[str] | None = None,
+    seeds: list[int] | None = None,
 ) -> Sweep:
     """Parse a sweep file and build (validate) the RunConfig of every run; raises ConfigError."""
     path = Path(path)
@@ -94,15 +107,7 @@ def load_sweep(
     out_value = out if out is not None else raw.get("out")
     if not out_value or not isinstance(out_value, (str, Path)):
         raise ConfigError(f"sweep {path}: `out` (the folder of the runs) must be a non-empty string")
-    seeds = raw.get("seeds")
-    if (
-        not isinstance(seeds, list)
-        or not seeds
-        or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in seeds)
-    ):
-        raise ConfigError(f"sweep {path}: `seeds` must be a non-empty list of integers >= 0 (got {seeds!r})")
-    if len(set(seeds)) != len(seeds):
-        raise ConfigError(f"sweep {path}: `seeds` has duplicates ({seeds})")
+    file_seeds = _seed_list(raw.get("seeds"), f"sweep {path}: `seeds`")
     jobs = raw.get("jobs", 1)
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise ConfigError(f"sweep {path}: `jobs` must be an integer >= 1 (got {jobs!r})")
@@ -129,15 +134,19 @@ def load_sweep(
                 raise ConfigError(f"sweep {path}: [settings.{name}] {key}: not allowed in a setting")
         settings_norm[name] = table
     methods_norm: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {}
+    method_seeds: dict[str, list[int]] = {}
     for name, table in method_tables.items():
         table = dict(_table(table, f"sweep {path}: [methods.{name}]"))
         algorithm = table.pop("algorithm", name)
         if not isinstance(algorithm, str):
             raise ConfigError(f"sweep {path}: [methods.{name}] algorithm must be a string (got {algorithm!r})")
         options = _table(table.pop("options", {}), f"sweep {path}: [methods.{name}] options")
+        # a method's own seeds (e.g. more seeds for the strongest methods) replace the file's
+        own = table.pop("seeds", None)
+        method_seeds[name] = file_seeds if own is None else _seed_list(own, f"sweep {path}: [methods.{name}] seeds")
         rest = flags_to_nested(table)
         if "seed" in rest:
-            raise ConfigError(f"sweep {path}: [methods.{name}] seed: set it in the top-level `seeds` list")
+            raise ConfigError(f"sweep {path}: [methods.{name}] seed: set it in `seeds` (top level or the method's)")
         methods_norm[name] = (algorithm, options, rest)
 
     out_dir = Path(out_value)
@@ -145,7 +154,7 @@ def load_sweep(
     for s_name, s_table in settings_norm.items():
         for m_name, (algorithm, options, rest) in methods_norm.items():
             config_raw = merge(merge(merge(base, s_table), rest), {"algorithm": algorithm, "options": options})
-            for seed in seeds:
+            for seed in method_seeds[m_name]:
                 try:
                     config = build_config(config_raw | {"seed": seed})
                 except ConfigError as err:
@@ -154,5 +163,13 @@ def load_sweep(
 
     pick_s = _pick(settings, list(settings_norm), "--settings")
     pick_m = _pick(methods, list(methods_norm), "--methods")
-    selected = [r for r in runs if r.setting in pick_s and r.method in pick_m]
-    return Sweep(path, out_dir, list(seeds), jobs, list(settings_norm), list(methods_norm), runs, selected)
+    all_seeds = sorted({k for ks in method_seeds.values() for k in ks})
+    if seeds:
+        unknown = sorted(set(seeds) - set(all_seeds))
+        if unknown:
+            raise ConfigError(
+                f"--seeds {','.join(map(str, unknown))}: not in the sweep file; choose from: {', '.join(map(str, all_seeds))}"
+            )
+    selected = [r for r in runs if r.setting in pick_s and r.method in pick_m and (not seeds or r.seed in seeds)]
+    order = file_seeds + [k for k in all_seeds if k not in file_seeds]
+    return Sweep(path, out_dir, order, jobs, list(settings_norm), list(methods_norm), runs, selected)
