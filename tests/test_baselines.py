@@ -12,6 +12,7 @@ from fedtail.algorithms.fednova import normalizer
 from fedtail.algorithms.fedprox import proximal_term
 from fedtail.algorithms.fedrep import train_only
 from fedtail.config import RunConfig
+from fedtail import components
 from fedtail.components import build_config
 from fedtail.engine.context import ClientContext
 from fedtail.engine.simulation import Simulation
@@ -82,7 +83,9 @@ def test_runs_end_to_end_above_chance(tmp_path, algorithm, option, has_global):
     config = json.loads((result.out / "config.json").read_text())
     if option:
         key, value = option.split("=")
-        assert config["options"] == {key.split(".")[1]: json.loads(value)}
+        assert config["options"][key.split(".")[1]] == json.loads(value)
+    # every option is written out, the ones not set with their defaults
+    assert set(config["options"]) == set(components.algorithm(algorithm).config.model_fields)
 
 
 def test_cli_rejects_a_negative_mu_with_one_line(tmp_path):

@@ -24,4 +24,3 @@ def test_demo_runs_mupfl_against_its_baselines_on_a_long_tail():
         config = build_config(raw | {"algorithm": name})
         assert config.algorithm == name
         assert config.partition.imbalance > 1  # long-tailed
-        assert config.options == {} or name != "mupfl"  # the library defaults, no --set

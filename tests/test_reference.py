@@ -121,7 +121,7 @@ def test_what_a_run_sets_wins_over_the_reference():
     config = build_config(raw(algorithm="fedrema"), ["train.grad_clip=null", "train.momentum=0", "head=last"])
     assert (config.train.grad_clip, config.train.momentum, config.head) == (None, 0.0, "last")
     config = build_config(raw(algorithm="perfedavg", options={"beta": 0.001}))
-    assert config.options == {"beta": 0.001, "steps": "pfllib"}
+    assert (config.options["beta"], config.options["steps"]) == (0.001, "pfllib")
 
 
 def test_a_stored_config_is_read_literally():
@@ -208,3 +208,18 @@ def test_fedper_and_fedproto_work_on_the_last_layers_input(images):
     proto = image_config(images, "fedproto")
     _, sim = run(proto.model_copy(update={"rounds": 1}))
     assert sim.server.protos.shape == (10, 512)  # prototypes of FC 512's output, not of the 1024-d convs
+
+
+def test_every_option_is_written_out_and_old_partial_configs_compare_by_defaults():
+    from fedtail.report.runfiles import config_diff
+
+    config = build_config(raw(algorithm="fedac", options={"mu": 1.0}))
+    full = config.model_dump(mode="json")
+    assert full["options"]["mu"] == 1.0 and full["options"]["lam"] == 0.1 and "first_start" in full["options"]
+    # a config.json stored before options were written out in full names only what was set
+    old = json.loads(json.dumps(full))
+    old["options"] = {"mu": 1.0}
+    assert config_diff(old, full) == []
+    # an option the old run set to another value than today's default still differs
+    old["options"] = {"mu": 1.0, "first_start": "uploaded-mean"}
+    assert config_diff(old, full) == ['options.first_start: "uploaded-mean" -> "init"']

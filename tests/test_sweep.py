@@ -104,7 +104,8 @@ options = { kappa = 2 }
 """,
     )
     runs = {r.method: r.config for r in load_sweep(path).runs}
-    assert runs["toyopt"].algorithm == "toyopt" and runs["toyopt"].options == {}
+    # options are written out in full: the default where the method sets none
+    assert runs["toyopt"].algorithm == "toyopt" and runs["toyopt"].options == {"kappa": 3}
     assert runs["toyopt-k2"].algorithm == "toyopt" and runs["toyopt-k2"].options == {"kappa": 2}
     assert algorithm_options(runs["toyopt-k2"]).kappa == 2 and algorithm_options(runs["toyopt"]).kappa == 3
 

@@ -208,9 +208,10 @@ def apply_reference(raw: dict[str, Any]) -> None:
 
     The algorithm's :class:`~fedtail.algorithms.base.Reference` (how its reference code runs it)
     gives the head split (``head``), ``train.momentum``, ``train.grad_clip`` and any algorithm
-    options whose reference value differs from the option's default. Keys the run sets, even to
-    the fedtail default, are kept. The filled values become explicit in the config (and so in
-    ``config.json``), so a stored config means the same whatever references change later.
+    options whose reference value differs from the option's default; every other option gets its
+    default. Keys the run sets, even to the fedtail default, are kept. The filled values become
+    explicit in the config (and so in ``config.json``), so a stored config means the same whatever
+    references or defaults change later.
     """
     try:
         spec = algorithm(raw.get("algorithm", "fedavg"))
@@ -227,6 +228,38 @@ def apply_reference(raw: dict[str, Any]) -> None:
     if isinstance(options, dict):
         for key, value in ref.options.items():
             options.setdefault(key, value)
+        # every option explicit: a stored config.json keeps meaning what ran when a default changes
+        for key, value in spec.config.model_fields.items():
+            if not value.is_required():
+                options.setdefault(key, _json_default(value.get_default(call_default_factory=True)))
+
+
+def _json_default(value: Any) -> Any:
+    from pydantic import TypeAdapter
+
+    return TypeAdapter(Any).dump_python(value, mode="json")
+
+
+def resolved_options(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` (a config.json dict) with its algorithm's options completed by today's defaults
+    (reference options included); unchanged when the algorithm cannot be loaded.
+
+    Runs stored before options were written out in full name only the options they set; this
+    makes them comparable with full configs, on the assumption (checked for the defaults changed
+    since, see docs/sweeps.md) that the defaults they ran with are today's."""
+    if not isinstance(config, dict) or not isinstance(config.get("options", {}), dict):
+        return config
+    try:
+        spec = algorithm(str(config.get("algorithm", "fedavg")))
+    except ConfigError:
+        return config
+    filled = {"options": dict(config.get("options") or {})}
+    for key, value in spec.reference.options.items():
+        filled["options"].setdefault(key, value)
+    for key, value in spec.config.model_fields.items():
+        if not value.is_required():
+            filled["options"].setdefault(key, _json_default(value.get_default(call_default_factory=True)))
+    return config | filled
 
 
 def build_config(

@@ -108,7 +108,8 @@ GLOBAL = "global/"  # prefix of the global embedding Φ's tensors in a fit messa
 
 class FedACConfig(AlgorithmConfig):
     num_clusters: int = Field(4, ge=1, description="initial number of clusters K (CNT adjusts it)")
-    mu: float = Field(0.1, ge=0, description="μ: pull of the personal model towards its cluster centre")
+    # 0.01: the best μ of the 1000-round validation (benchmarks/fedac/VALIDATION1000.md); the paper gives none
+    mu: float = Field(0.01, ge=0, description="μ: pull of the personal model towards its cluster centre")
     lam: float = Field(0.1, ge=0, description="λ: pull of the personal embedding towards the global embedding Φ")
     similarity: Literal["lrcos", "l2"] = Field("lrcos", description="E-step similarity (l2: the Sec. 5.4 ablation)")
     pca_dims: int = Field(50, ge=1, description="D: PCA components of LrCos")

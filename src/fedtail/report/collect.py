@@ -152,8 +152,12 @@ def setting_label(config: dict[str, Any]) -> str:
 
 
 def method_label(config: dict[str, Any]) -> str:
-    """The algorithm name, with its options when any are set: ``mupfl(kappa=2)``."""
-    options = config.get("options") or {}
+    """The algorithm name, with the options that differ from their defaults: ``mupfl(kappa=2)``."""
+    from fedtail.components import resolved_options
+
+    given = config.get("options") or {}
+    defaults = resolved_options({"algorithm": config.get("algorithm"), "options": {}}).get("options") or {}
+    options = {k: v for k, v in given.items() if k not in defaults or defaults[k] != v}
     name = str(config.get("algorithm", "?"))
     if options:
         name += "(" + ",".join(f"{k}={_fmt(v)}" for k, v in sorted(options.items())) + ")"

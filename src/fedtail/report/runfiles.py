@@ -46,7 +46,14 @@ def is_finished(run_dir: str | Path) -> bool:
 
 
 def config_diff(old: Any, new: Any, ignore: tuple[str, ...] = IGNORED_KEYS, prefix: str = "") -> list[str]:
-    """Dotted keys whose values differ, as ``key: old -> new`` (``ignore`` applies at top level)."""
+    """Dotted keys whose values differ, as ``key: old -> new`` (``ignore`` applies at top level).
+
+    Two run configs are compared with their algorithm options completed by the defaults
+    (:func:`fedtail.components.resolved_options`): an option left out equals its default."""
+    if not prefix and isinstance(old, dict) and isinstance(new, dict) and "algorithm" in old and "algorithm" in new:
+        from fedtail.components import resolved_options  # the registry is needed only here
+
+        old, new = resolved_options(old), resolved_options(new)
     if isinstance(old, dict) and isinstance(new, dict):
         out: list[str] = []
         for key in list(old) + [k for k in new if k not in old]:
