@@ -80,8 +80,10 @@ def server_threads():
     return threadpool_limits(limits=torch.get_num_threads())
 
 
-def _rows(x: np.ndarray | torch.Tensor) -> torch.Tensor:
-    return torch.from_numpy(x) if isinstance(x, np.ndarray) else x.detach()
+def _rows(x: np.ndarray | torch.Tensor | list) -> torch.Tensor:
+    if isinstance(x, torch.Tensor):
+        return x.detach()
+    return torch.from_numpy(np.asarray(x, dtype=np.float64) if isinstance(x, list) else x)
 
 
 def row_mean(rows: torch.Tensor) -> torch.Tensor:
