@@ -8,8 +8,8 @@ each method, through the functions the algorithms call (not copies):
 - acmu: MuPFL's edge clustering: ``embedding`` (Gram matrices of the updates and of 1,024-value
   activation maps, α = 0.25), ``cluster_clients`` (k-means, n_init 10, for κ = 2..6 and their
   silhouettes) and the 2-D view, as ``ACMUEdge.reduce`` calls them;
-- fedac: a round that refits the PCA map, as ``FedACServer.run_round``: the centred Gram matrix,
-  ``fit_map`` (D = 50), the E-step against 4 centres, CNT (``tune_clusters``), the M-step;
+- fedac: a round that refits the PCA map, as ``FedACServer.run_round``: the Gram matrix,
+  ``fit_map_scores`` (D = 50), the E-step against 4 centres, CNT (``tune_clusters``), the M-step;
 - fesem: its first round, as ``FeSEMServer.run_round``: k-means++ seeding of K = 5 centres, the
   E-step and the M-step;
 - fedgroup: the group cold start of n pre-training clients: ``edc_groups`` (K = 5, m = 3) and the
@@ -90,17 +90,17 @@ def acmu(rows: torch.Tensor, truth: np.ndarray, seed: int):
 
 
 def fedac(rows: torch.Tensor, truth: np.ndarray, seed: int):
-    from fedtail.algorithms.clustering import centred_gram
-    from fedtail.algorithms.fedac import e_step, fit_map, m_step, tune_clusters
+    from fedtail.algorithms.clustering import gram, relabel
+    from fedtail.algorithms.fedac import e_step, fit_map_scores, m_step, tune_clusters
 
-    centres, _ = m_step(rows, truth % 4, None)
+    centres, _ = m_step(rows, truth % 4, None)  # last round's 4 centres
 
-    def work():
-        gram = centred_gram(rows)
-        pca = fit_map(rows, 50, seed, gram)
-        labels = e_step(rows, centres, "lrcos", pca, True)
-        _, labels = m_step(rows, labels, None)  # relabel as the server does (m_step's centres: below)
-        labels, _ = tune_clusters(gram, labels, None, 0.2, 0.8, 20, seed, dim=rows.shape[1])
+    def work():  # FedACServer.run_round after the uploads, in a round that refits the map
+        reference = rows[0].clone()
+        g = gram(rows, reference)
+        pca, scores = fit_map_scores(rows, 50, g, reference)
+        labels = relabel(e_step(rows, centres, "lrcos", pca, True, scores))
+        labels, _ = tune_clusters(g, labels, None, 0.2, 0.8, 20, seed, dim=rows.shape[1])
         return m_step(rows, labels, None)[0].shape[0]
 
     return work

@@ -61,9 +61,11 @@ fewer clusters, and a lone cluster CNT cannot split; meanwhile every client, upl
 pulled towards the mean of the known models.
 
 Server cost at scale (issue 21). The PCA of Alg. 2 is computed from the centred Gram matrix
-Gc = (X − μ)(X − μ)ᵀ of the n known models (``clustering.centred_gram``): with Gc = U Λ Uᵀ the
-principal components are V = Λ^{-1/2} Uᵀ (X − μ), the same vectors an SVD of X − μ gives (up to
-the sign of each, which no cosine of the E-step sees): one n×n×d product instead of an n×d SVD.
+Gc = (X − μ)(X − μ)ᵀ of the n known models (taken of the models minus the first, then centred
+exactly: ``clustering.centred_gram``): with Gc = U Λ Uᵀ the principal components are
+V = Λ^{-1/2} Uᵀ (X − μ), the same vectors an SVD of X − μ gives (up to the sign of each, which no
+cosine of the E-step sees), and the fitted models' coordinates are U Λ^{1/2}: one n×n×d product
+instead of an n×d SVD (:func:`fit_map_scores`).
 Components of (numerically) zero variance are dropped (an SVD returns arbitrary directions there,
 orthogonal to every fitted model). CNT's distances are those of weighted means of models, so with
 A the member weights (rows summing to 1) ‖ω_i − Ω_k‖² = Gc_ii − 2 (Gc Aᵀ)_ik + (A Gc Aᵀ)_kk and
@@ -99,19 +101,20 @@ from fedtail.algorithms.base import (
 from fedtail.algorithms.clustering import (
     BLOCK_VALUES,
     EIG_RTOL,
-    centred_gram,
     cluster_means,
     cluster_record,
     cosine_matrix,
+    double_centre,
     float_keys,
     flatten,
     full_record,
+    gram as gram_matrix,
     gram_coordinates,
     kmeans,
     relabel,
     row_mean,
-    server_threads,
     squared_distances,
+    top_eigenpairs,
     unflatten,
 )
 
@@ -155,56 +158,84 @@ class FedACConfig(AlgorithmConfig):
 # --- the server's clustering steps, on flat model vectors (rows) ------------------------------
 
 
-PCAMap = dict  # {"mean": μ (float64, d), "components": V (float32, D×d)}: M·ω = V·(ω − μ)
+PCAMap = dict  # {"reference": r (float32, d), "offset": (μ − r)·Vᵀ (float64, D), "components": V (float32, D×d)}
 
 
-def fit_map(models: torch.Tensor, dims: int, seed: int | None = None, gram: np.ndarray | None = None) -> PCAMap | None:
-    """UpdateMap (Alg. 2): a PCA of the rows with at most ``dims`` components; None if < 2 rows.
+def fit_map_scores(
+    models: torch.Tensor, dims: int, gram: np.ndarray | None = None, reference: torch.Tensor | None = None
+) -> tuple[PCAMap | None, torch.Tensor | None]:
+    """UpdateMap (Alg. 2) and the fitted rows' PCA scores (M·ω − M·μ, float64); (None, None) if < 2 rows.
 
-    From the centred Gram matrix ``gram`` (computed if not given): V = Λ^{-1/2} Uᵀ (X − μ) for
-    the top D eigenpairs (D = min(dims, rows − 1)), components of zero variance dropped. ``seed``
-    is unused (the decomposition is exact); kept so callers read as before.
+    ``gram``: the Gram matrix of ``models − reference`` (both computed if not given; the
+    reference is a float32 row close to the models, by default the first). With Gc its centred
+    form, Gc = U Λ Uᵀ, and W = Λ_D^{-1/2} U_Dᵀ for the top D = min(dims, rows − 1) eigenpairs
+    (zero-variance ones dropped): V = W (X − r) (the rows of W sum to 0, so any reference gives
+    the same V), the scores are U_D Λ_D^{1/2} = G Wᵀ − mean, and the offset (μ − r)·Vᵀ is the mean
+    row of G Wᵀ: M·ω = V·(ω − μ) = V·(ω − r) − offset, with no pass for μ.
     """
     n = len(models)
     if n < 2:
-        return None
-    mean = row_mean(models)
-    gc = centred_gram(models) if gram is None else gram
-    with server_threads():
-        w, u = np.linalg.eigh((gc + gc.T) / 2)
-    top = np.arange(n - 1, -1, -1)[: max(1, min(dims, n - 1))]
+        return None, None
+    if gram is None or reference is None:
+        reference = models[0].clone()
+        gram = gram_matrix(models, reference)
+    w, u = top_eigenpairs(double_centre(gram), max(1, min(dims, n - 1)))
+    top = np.arange(len(w) - 1, -1, -1)
     top = top[w[top] > EIG_RTOL * max(float(w[-1]), 0.0)]
     if len(top) == 0:  # every model the same: no direction to project on
-        return None
-    coef = torch.from_numpy((u[:, top] / np.sqrt(w[top])).T.astype(np.float32))  # D×n; rows ⟂ 1
-    centre = mean.to(torch.float32)
+        return None, None
+    coef = (u[:, top] / np.sqrt(w[top])).T  # W, D×n
+    projected = gram @ coef.T  # (X − r)·Vᵀ of the fitted rows
+    offset = projected.mean(axis=0)
+    coef32 = torch.from_numpy(coef.astype(np.float32))
+    ref = reference.to(torch.float32)
     width = max(1, BLOCK_VALUES // n)
     components = torch.empty(len(top), models.shape[1], dtype=torch.float32)
     for a in range(0, models.shape[1], width):
-        # the rows of coef sum to 0, so rounding μ to float32 here shifts nothing
-        components[:, a : a + width] = coef @ (models[:, a : a + width] - centre[a : a + width])
-    return {"mean": mean, "components": components}
+        components[:, a : a + width] = coef32 @ (models[:, a : a + width] - ref[a : a + width])
+    pca = {"reference": ref, "offset": torch.from_numpy(offset), "components": components}
+    return pca, torch.from_numpy(projected - offset)
+
+
+def fit_map(
+    models: torch.Tensor, dims: int, seed: int | None = None, gram: np.ndarray | None = None,
+    reference: torch.Tensor | None = None,
+) -> PCAMap | None:  # fmt: skip
+    """UpdateMap (Alg. 2): a PCA of the rows with at most ``dims`` components; None if < 2 rows.
+
+    See :func:`fit_map_scores`; ``seed`` is unused (the decomposition is exact).
+    """
+    return fit_map_scores(models, dims, gram, reference)[0]
 
 
 def reduce(pca: PCAMap | None, rows: torch.Tensor, center: bool) -> torch.Tensor:
-    """M·ω for each row (float64); the rows themselves without a map. By row blocks (float32 products)."""
+    """M·ω for each row (float64); the rows themselves without a map. By row blocks (float32 products).
+
+    V·(ω − r) − offset centred (= V·(ω − μ)), V·(ω − r) + V·r uncentred (= V·ω).
+    """
     if pca is None:
         return rows.to(torch.float64)
-    components, mean = pca["components"], pca["mean"]
+    components, ref = pca["components"], pca["reference"]
+    shift = -pca["offset"] if center else ref.to(torch.float64) @ components.to(torch.float64).T
     out = torch.empty(len(rows), len(components), dtype=torch.float64)
     step = max(1, BLOCK_VALUES // max(rows.shape[1], 1))
     for i in range(0, len(rows), step):
-        block = rows[i : i + step]
-        block = (block.to(torch.float64) - mean).to(torch.float32) if center else block.to(torch.float32)
-        out[i : i + step] = block @ components.T
+        out[i : i + step] = ((rows[i : i + step].to(torch.float32) - ref) @ components.T).to(torch.float64) + shift
     return out
 
 
-def e_step(models: torch.Tensor, centres: torch.Tensor, similarity: str, pca: PCAMap | None, center: bool) -> np.ndarray:
-    """Eq. 4: each row's most similar centre (LrCos) or nearest centre (L2)."""
+def e_step(
+    models: torch.Tensor, centres: torch.Tensor, similarity: str, pca: PCAMap | None, center: bool,
+    reduced: torch.Tensor | None = None,
+) -> np.ndarray:  # fmt: skip
+    """Eq. 4: each row's most similar centre (LrCos) or nearest centre (L2).
+
+    ``reduced``: ``reduce(pca, models, center)`` if already known (the scores of a refit).
+    """
     if similarity == "l2":
         return squared_distances(models, centres).argmin(dim=1).numpy()
-    sim = cosine_matrix(reduce(pca, models, center), reduce(pca, centres, center))
+    points = reduce(pca, models, center) if reduced is None else reduced
+    sim = cosine_matrix(points, reduce(pca, centres, center))
     return sim.argmax(dim=1).numpy()
 
 
@@ -215,9 +246,11 @@ def m_step(models: torch.Tensor, labels: np.ndarray, weights: np.ndarray | None)
     return torch.stack([means[k] for k in range(len(means))]), labels
 
 
-def initial_labels(models: torch.Tensor, k: int, pca: PCAMap | None, center: bool, seed: int) -> np.ndarray:
+def initial_labels(
+    models: torch.Tensor, k: int, pca: PCAMap | None, center: bool, seed: int, reduced: torch.Tensor | None = None
+) -> np.ndarray:
     """R^0: k-means on unit-normalised reduced models, so Euclidean k-means follows the cosine."""
-    points = reduce(pca, models, center)
+    points = reduce(pca, models, center) if reduced is None else reduced
     points = points / points.norm(dim=1, keepdim=True).clamp_min(1e-12)
     k = min(k, len(models))
     if k <= 1:
@@ -367,14 +400,21 @@ class FedACServer(ServerHalf):
         seed = self.ctx.seed(rnd) % 2**31
         models = self.models
         refit = self.pca is None or (rnd - 1) % opts.pca_every == 0
-        # One centred Gram matrix of the known models serves the PCA refit and CNT (module docstring).
-        gram = centred_gram(models) if opts.cnt or (refit and opts.similarity == "lrcos") else None
+        # One Gram matrix of the known models (minus the first) serves the PCA refit and CNT (module docstring).
+        gram, reference = None, models[0].clone()
+        if opts.cnt or (refit and opts.similarity == "lrcos"):
+            gram = gram_matrix(models, reference)
+        reduced = None  # the models' LrCos coordinates, when the refit gives them
         if refit:
-            self.pca = fit_map(models, opts.pca_dims, seed, gram) if opts.similarity == "lrcos" else None
+            self.pca = None
+            if opts.similarity == "lrcos":
+                self.pca, scores = fit_map_scores(models, opts.pca_dims, gram, reference)
+                if self.pca is not None and opts.pca_center:
+                    reduced = scores
         if len(self.centres) == 0:
-            labels = initial_labels(models, opts.num_clusters, self.pca, opts.pca_center, seed)
+            labels = initial_labels(models, opts.num_clusters, self.pca, opts.pca_center, seed, reduced)
         else:
-            labels = e_step(models, self.centres, opts.similarity, self.pca, opts.pca_center)
+            labels = e_step(models, self.centres, opts.similarity, self.pca, opts.pca_center, reduced)
         weights = self.ctx.client_train_sizes[self.known] if opts.weighted else None
         self.labels = relabel(labels)
         info: dict = {}
@@ -426,7 +466,10 @@ class FedACServer(ServerHalf):
         self.labels, self.centres = state["labels"], state["centres"]
         pca = state["pca"]
         if pca is not None and not isinstance(pca, dict):  # a checkpoint from before issue 21: a fitted sklearn PCA
-            pca = {"mean": torch.from_numpy(pca.mean_), "components": torch.from_numpy(pca.components_).to(torch.float32)}
+            components = torch.from_numpy(pca.components_)
+            reference = torch.from_numpy(pca.mean_).to(torch.float32)
+            offset = (torch.from_numpy(pca.mean_) - reference.to(torch.float64)) @ components.T
+            pca = {"reference": reference, "offset": offset, "components": components.to(torch.float32)}
         self.pca = pca
         self.population = None
 
