@@ -29,6 +29,7 @@ and its classifier); each row then adds ``named[NAME]``, the personalised metric
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -105,8 +106,19 @@ class SimComm(Channel):
             sim.meter.client_task_s += result.seconds
             yield Delivered(result.cid, result.reply, result.seconds, result.state, result.state_nonfinite)
 
+    def _hold(self, answer: Delivered) -> Delivered:
+        store = self.sim.client_state
+        if answer.state is None or not hasattr(store, "park"):
+            return answer
+        # a disk store keeps the state as pending until the answer is accepted: memory holds the replies only
+        where = nonfinite_at(answer.state)
+        store.park(answer.cid, answer.state)
+        return dataclasses.replace(answer, state=None, state_nonfinite=where, parked=True)
+
     def _accept(self, answer: Delivered) -> None:
-        if answer.state is not None:  # None: the state stays where the client ran (a Flower node)
+        if answer.parked:
+            self.sim.client_state.unpark(answer.cid)
+        elif answer.state is not None:  # None: the state stays where the client ran (a Flower node)
             self.sim.client_state[answer.cid] = answer.state
         self.sim.executor.commit(answer.cid)
 

@@ -5,7 +5,8 @@ with one file per client (``torch.save`` of the checkpoint module's plain contai
 folder of the run directory, read when a client's task is built and written when its reply is
 accepted. With 1,000 clients holding personal models, only the states of the clients being
 served are in memory (the engine builds the tasks of an exchange or an evaluation one at a
-time, see ``Simulation``). The folder is removed when the run ends; the run's checkpoints still
+time, see ``Simulation``; while an exchange's replies are all gathered to learn a new reply
+schema, their states wait on disk as pending until accepted). The folder is removed when the run ends; the run's checkpoints still
 hold every state (a checkpoint reads them all while it is written). Results do not depend on
 the choice.
 """
@@ -42,8 +43,15 @@ class DiskStates(MutableMapping):
             self.dir.mkdir(parents=True)
         self._ids: set[int] = set()
 
-    def _path(self, cid: int) -> Path:
-        return self.dir / f"client-{cid}.pt"
+    def _path(self, cid: int, pending: bool = False) -> Path:
+        return self.dir / (f"client-{cid}.pending.pt" if pending else f"client-{cid}.pt")
+
+    def _write(self, path: Path, cid: int, state: dict[str, Any]) -> None:
+        if not self.dir.is_dir():
+            raise RuntimeError(f"the client states in {self.dir} were closed (the run has ended)")
+        tmp = path.with_name(path.name + ".tmp")
+        torch.save(checkpoint.encode(state, f"client {cid}'s state"), tmp)
+        os.replace(tmp, path)  # no fsync: the folder lives as long as the run, checkpoints are the durable copy
 
     def __getitem__(self, cid: int) -> dict[str, Any]:
         if cid not in self._ids:
@@ -51,12 +59,16 @@ class DiskStates(MutableMapping):
         return checkpoint.decode(torch.load(self._path(cid), map_location="cpu", weights_only=True))
 
     def __setitem__(self, cid: int, state: dict[str, Any]) -> None:
-        if not self.dir.is_dir():
-            raise RuntimeError(f"the client states in {self.dir} were closed (the run has ended)")
-        path = self._path(int(cid))
-        tmp = path.with_name(path.name + ".tmp")
-        torch.save(checkpoint.encode(state, f"client {cid}'s state"), tmp)
-        os.replace(tmp, path)  # no fsync: the folder lives as long as the run, checkpoints are the durable copy
+        self._write(self._path(int(cid)), cid, state)
+        self._ids.add(int(cid))
+
+    def park(self, cid: int, state: dict[str, Any]) -> None:
+        """Keep ``state`` as client ``cid``'s pending state (not its state until :meth:`unpark`)."""
+        self._write(self._path(int(cid), pending=True), cid, state)
+
+    def unpark(self, cid: int) -> None:
+        """Make the pending state of :meth:`park` the client's state (a pending one never unparked is ignored)."""
+        os.replace(self._path(int(cid), pending=True), self._path(int(cid)))
         self._ids.add(int(cid))
 
     def __delitem__(self, cid: int) -> None:
