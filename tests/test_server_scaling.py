@@ -128,3 +128,26 @@ def test_cgpfl_kmeans_equals_the_former_float32_kmeans_on_the_uploads():
         ref = KMeans(n_clusters=3, n_init=10, random_state=seed).fit_predict(rows.numpy())
         ours = kmeans_labels(rows, 3, seed)
         assert adjusted_rand_score(ref, ours) == pytest.approx(1.0) and same_partition(ours, truth)
+
+
+def test_the_scaling_benchmark_runs_tiny_and_ends_with_its_json(tmp_path):
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "server_scaling.py"
+    out = tmp_path / "result.json"
+    cmd = [sys.executable, str(script), "--sizes", "6,9", "--dim", "40", "--rss-clients", "6", "--rss-methods", "ditto",
+           "--out", str(out)]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    methods = {"acmu", "fedac", "fesem", "fedgroup", "flhc", "ifca", "cgpfl"}
+    assert set(result["seconds"]) == methods and set(result["cpu_seconds"]) == methods
+    assert all(set(by_n) == {"6", "9"} and all(s >= 0 for s in by_n.values()) for by_n in result["seconds"].values())
+    assert set(result["peak_rss_mb_by_run"]) == {"ditto/memory", "ditto/disk"}
+    assert result["peak_rss_mb"] == max(result["peak_rss_mb_by_run"].values()) > 0
+    assert json.loads(out.read_text()) == result
+    bad = subprocess.run([sys.executable, str(script), "--sizes", "1"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "--sizes" in bad.stderr
