@@ -24,8 +24,10 @@ milliseconds instead of seconds; the one pass over the d-dimensional data is the
 Precision: the product runs in float32 BLAS (what the vectors are stored in) by column blocks
 summed in float64, after subtracting a common reference row where only distances matter (a
 shift changes no distance, and it removes the part all models share, which would otherwise
-dominate the float32 rounding). Entries of G are then exact to about 1e-6 of ‖x_i‖·‖x_j‖ (of the centred
-vectors): the float64 product would cost twice as much for digits no decision here resolves.
+dominate the float32 rounding). Entries of G are then exact to about 1e-6 of ‖x_i‖·‖x_j‖ (of
+the shifted vectors): a float64 product would cost twice as much for digits no decision here
+resolves. Partitions therefore equal those of the d-dimensional computations except where a
+decision is a tie within ~1e-6 (tests compare them on separated clusters).
 Distances and cosines between a few vectors and many (E-steps) are computed in float64 by row
 blocks, so no float64 copy of all the vectors is ever made.
 

@@ -16,8 +16,9 @@ dimension d (plus the map's); k-means runs instead on n coordinates p_i with p_i
 = Dist(i, j), from the eigendecomposition of the n×n matrix Dist (Y = U·Λ^{1/2}), whose entries
 come from the Gram matrices of the updates and of the maps: the same problem exactly, since
 k-means++ draws, Lloyd's means and the silhouettes depend on the points only through their
-distances (``clustering.gram_coordinates``; one n×n×d product instead of n_init × 5 k-means runs
-over d-dimensional points: 133 s → about 1 s for 1000 clients of 100,000 parameters). κ is the value in
+distances (``clustering.gram_coordinates``). That is one n×n×d product instead of 50 k-means
+runs over d-dimensional points: 60 s → 1.7 s for 1,000 clients of 100,000 parameters
+(``benchmarks/RESULTS.md``, "Server work at cross-device scale"). κ is the value in
 [κ_min, κ_max] with the largest mean silhouette (scikit-learn's, which scores singletons 0
 as Eq. 11 does), or fixed (Table V). Inside cluster C_l every client gets
 
