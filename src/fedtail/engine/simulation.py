@@ -203,10 +203,11 @@ class Simulation:
         return self.record.summary(self.meter, time.perf_counter() - start, config.rounds)
 
     def lazily(self, tasks: Iterator[Task]) -> Iterator[Task] | list[Task]:
-        """``tasks`` as the executor takes them: built one at a time for the in-process executor, so a
-        disk store (--client-state disk) holds one client's state in memory; a list for the others (a
-        process pool reads its input from another thread, which must not call into the server half)."""
-        return tasks if isinstance(self.executor, SerialExecutor) else list(tasks)
+        """``tasks`` as the executor takes them: built one at a time for the engine's in-process
+        executor, so a disk store (--client-state disk) holds one client's state in memory; a list for
+        the others (a process pool reads its input from another thread, which must not call into the
+        server half; an executor given by ``executor_factory`` is promised a list)."""
+        return tasks if type(self.executor) is SerialExecutor else list(tasks)
 
     def diverged_summary(self, err: RunDiverged) -> dict[str, Any]:
         """``summary.json`` of a run that :meth:`run` stopped with ``err``."""
