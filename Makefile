@@ -9,7 +9,7 @@ PIP    := $(BIN)/python -m pip install --disable-pip-version-check -q $(FIND_LIN
 
 FLOWER := $(VENV)/.installed-flower
 
-.PHONY: demo test test-flower data install install-flower bench bench-flower clean
+.PHONY: demo test test-flower data install install-flower bench bench-flower bench-scaling clean
 
 install: $(STAMP)
 
@@ -44,6 +44,10 @@ bench: data
 
 bench-flower: data install-flower
 	$(BIN)/python benchmarks/flower_rounds.py
+
+# Server work of the clustered methods at 10/100/1000 clients, peak memory of 1000-client rounds.
+bench-scaling: install
+	$(BIN)/python benchmarks/server_scaling.py
 
 clean:
 	rm -rf $(VENV) runs

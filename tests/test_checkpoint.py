@@ -124,6 +124,39 @@ def test_every_algorithm_resumes_bit_identically(name):
     assert_same_run(*stopped_and_resumed(algorithm_config(name)))
 
 
+@pytest.mark.parametrize("name", ["ditto", "mupfl", "fedac"])
+def test_client_state_on_disk_runs_checkpoints_and_resumes_as_in_memory(name):
+    from fedtail.engine.states import DiskStates
+
+    memory = Simulation(algorithm_config(name), *prepare(algorithm_config(name)))
+    memory.run()
+    reference, ref_summary, resumed, summary = stopped_and_resumed(algorithm_config(name, client_state="disk"))
+    assert isinstance(reference.client_state, DiskStates) and isinstance(resumed.client_state, DiskStates)
+    assert strip_timing(reference.record.rows) == strip_timing(memory.record.rows)
+    assert strip_timing(resumed.record.rows) == strip_timing(reference.record.rows)
+    assert no_timing(summary) == no_timing(ref_summary)
+    assert not reference.client_state.dir.exists() and not resumed.client_state.dir.exists()  # removed at the end
+
+
+def test_disk_states_read_copies_and_reject_writes_after_close(tmp_path):
+    from fedtail.engine.states import DiskStates
+
+    store = DiskStates(tmp_path / "s")
+    store[3] = {"personal": {"w": torch.ones(2)}, "gen": np.random.default_rng(0), "n": 1}
+    store[1] = {}
+    assert list(store) == [1, 3] and len(store) == 2 and 3 in store and 2 not in store
+    got = store[3]
+    got["personal"]["w"] += 1
+    assert torch.equal(store[3]["personal"]["w"], torch.ones(2))  # a read is a copy
+    assert store.get(7, "none") == "none"
+    del store[1]
+    assert list(store) == [3]
+    store.close()
+    assert not (tmp_path / "s").exists() and len(store) == 0
+    with pytest.raises(RuntimeError, match="closed"):
+        store[0] = {}
+
+
 @pytest.mark.parametrize("name", ["gldp", "fedavg"])
 def test_nested_stage_runs_resume_bit_identically_inside_a_round_of_global_optimisation(name):
     # 3 stage tasks, 2 rounds of global optimisation of 3 rounds; the checkpoint after round 4 falls

@@ -31,6 +31,19 @@ def test_run_end_to_end_writes_the_three_files(tmp_path):
     assert summary["rounds"] == 2 and summary["samples_trained"] > 0 and summary["wall_time_s"] > 0
 
 
+def test_client_state_on_disk_gives_the_same_run_and_leaves_no_files(tmp_path):
+    args = ("run", "--algorithm", "ditto", *TINY, "--checkpoint-every", "1")
+    memory = invoke(*args, "--out", str(tmp_path / "memory"))
+    disk = invoke(*args, "--client-state", "disk", "--out", str(tmp_path / "disk"))
+    assert memory.exit_code == 0 and disk.exit_code == 0, disk.output
+    assert json.loads((tmp_path / "disk" / "config.json").read_text())["client_state"] == "disk"
+    assert "client_state" not in json.loads((tmp_path / "memory" / "config.json").read_text())  # the default
+    strip = lambda line: {k: v for k, v in json.loads(line).items() if k != "elapsed_s"}  # noqa: E731
+    rows = [[strip(l) for l in (tmp_path / d / "metrics.jsonl").read_text().splitlines()] for d in ("memory", "disk")]
+    assert rows[0] == rows[1]
+    assert not (tmp_path / "disk" / ".client-state").exists()
+
+
 def test_local_summary_has_null_global(tmp_path):
     res = invoke("run", "--algorithm", "local", *TINY, "--out", str(tmp_path / "r"))
     assert res.exit_code == 0, res.output
@@ -74,6 +87,7 @@ def test_finished_run_is_not_overwritten_silently(tmp_path):
         (["--algorithm", "fedavg", "--set", "bogus.key=1"], "--set"),
         (["--algorithm", "fedavg", "--partition", "zipf"], "partition"),
         (["--algorithm", "fedavg", "--quantity", "9:3"], "--quantity"),
+        (["--algorithm", "fedavg", "--client-state", "cloud"], "--client-state"),
         # far more clients than samples: some client gets no data
         (["--algorithm", "fedavg", "--partition", "iid", "--clients", "5000"], "no training"),
     ],

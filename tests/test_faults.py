@@ -18,7 +18,7 @@ from fedtail.engine.replies import Channel, Delivered, ReplyCheck, RoundSkipped,
 from fedtail.engine.simulation import Simulation, sample_clients
 from fedtail.errors import ConfigError, RunDiverged
 from fedtail.runner import run_to_folder
-from helpers import PACKAGED, algorithm_config, invoke, run, same, strip_timing, SMOKE
+from helpers import PACKAGED, algorithm_config, invoke, run, same, simulation, strip_timing, SMOKE
 
 
 def round_logs(rows: list[dict]) -> list[dict]:
@@ -175,6 +175,19 @@ def test_a_rejected_reply_leaves_the_client_state_as_it_was_serial_as_with_worke
     assert sum(log["rejected"] for log in round_logs(serial[0])) > 0
     assert strip_timing(serial[0]) == strip_timing(parallel[0])
     assert same(serial[1].client_state, parallel[1].client_state)
+
+
+def test_with_client_state_on_disk_rejected_replies_leave_the_state_as_in_memory():
+    """The first exchange's states wait on disk as pending (a new schema is learnt); a rejected one never lands."""
+    config = tiny_config(algorithm="ditto", rounds=3, fraction=1.0, faults={"max_update_norm": 0.2})
+    memory = run(config)[0]
+    sim = simulation(config.model_copy(update={"client_state": "disk"}))
+    parked = []
+    park = sim.client_state.park
+    sim.client_state.park = lambda cid, state: (parked.append(cid), park(cid, state))  # type: ignore[method-assign]
+    sim.run()
+    assert parked and sum(log["rejected"] for log in round_logs(memory)) > 0
+    assert strip_timing(sim.record.rows) == strip_timing(memory)
 
 
 # --- dropouts ---------------------------------------------------------------------------------------

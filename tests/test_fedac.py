@@ -16,6 +16,7 @@ from fedtail.algorithms.fedac import (
     regularizer,
     tune_clusters,
 )
+from fedtail.algorithms.clustering import centred_gram, cosine_matrix, squared_distances
 from fedtail.components import build_config
 from fedtail.engine.context import ClientContext
 from fedtail.errors import ConfigError
@@ -64,7 +65,7 @@ def test_lrcos_differs_from_l2_when_norms_differ():
 def test_pca_map_recovers_planted_clusters_despite_a_shared_offset():
     rows, truth = planted(3, 6)
     pca = fit_map(rows, dims=50, seed=0)
-    assert pca.n_components_ == len(rows) - 1  # D capped by the number of models
+    assert len(pca["components"]) == len(rows) - 1  # D capped by the number of models
     labels = initial_labels(rows, 3, pca, center=True, seed=0)
     assert same_partition(labels, truth)
     # Uncentred, every model is dominated by the shared offset: all cosines are close to 1.
@@ -90,11 +91,11 @@ def test_granularity_is_intra_over_inter():
     rows = torch.tensor([[0.0, 0.0], [2.0, 0.0], [10.0, 0.0], [10.0, 2.0], [20.0, 0.0]])
     labels = np.array([0, 0, 1, 1, 2])
     centres, labels = m_step(rows, labels, None)
-    gc = granularity(rows, labels, centres)
+    gc = granularity(centred_gram(rows), labels)
     # cluster 0: centre (1,0), intra 1; inter: ‖(1,0)−(10,1)‖² = 82, ‖(1,0)−(20,0)‖² = 361 → 221.5
     assert gc[0] == pytest.approx(1 / 221.5)
     assert gc[2] == pytest.approx(0.0, abs=1e-12)  # a singleton has no spread
-    assert np.isnan(granularity(rows, np.zeros(5, dtype=int), rows.mean(0, keepdim=True))).all()
+    assert np.isnan(granularity(centred_gram(rows), np.zeros(5, dtype=int))).all()
 
 
 def test_cnt_merges_a_tight_cluster_into_its_nearest_and_splits_a_wide_one():
@@ -105,23 +106,85 @@ def test_cnt_merges_a_tight_cluster_into_its_nearest_and_splits_a_wide_one():
     rows = torch.cat([a + up, a + down, single, torch.tensor([[65.0, 0.0], [66.0, 0.0]])])
     labels = np.array([0] * 8 + [1] + [2, 2])
     centres, labels = m_step(rows, labels, None)
-    gc = granularity(rows, labels, centres)
+    gram = centred_gram(rows)
+    gc = granularity(gram, labels)
     assert gc[0] > 0.8 and gc[1] < 0.2
-    new, info = tune_clusters(rows, labels, centres, a=0.2, b=0.8, max_clusters=10, seed=0)
+    new, info = tune_clusters(gram, labels, None, a=0.2, b=0.8, max_clusters=10, seed=0)
     assert info["merged"] == [[1, 2]] or info["merged"] == [(1, 2)]
     assert info["split"] == [0]
     assert new[8] == new[9] == new[10]  # the singleton joined its nearest cluster
     assert len(set(new[:4].tolist())) == 1 and len(set(new[4:8].tolist())) == 1 and new[0] != new[4]
     # max_clusters stops the split.
-    capped, info = tune_clusters(rows, labels, centres, a=0.2, b=0.8, max_clusters=2, seed=0)
+    capped, info = tune_clusters(gram, labels, None, a=0.2, b=0.8, max_clusters=2, seed=0)
     assert info["split"] == [] and len(set(capped.tolist())) == 2
 
 
 def test_cnt_leaves_clusters_alone_inside_the_band():
     rows, truth = planted(3, 5, dim=8, spread=0.3)
-    centres, labels = m_step(rows, truth, None)
-    new, info = tune_clusters(rows, labels, centres, a=1e-9, b=1e9, max_clusters=10, seed=0)
+    _, labels = m_step(rows, truth, None)
+    new, info = tune_clusters(centred_gram(rows), labels, None, a=1e-9, b=1e9, max_clusters=10, seed=0)
     assert new.tolist() == labels.tolist() and not info["merged"] and not info["split"]
+
+
+def _reference_fedac_steps(rows, labels, centres, dims, weights=None):
+    """FedAC's server steps as they were before issue 21: sklearn's full-SVD PCA and d-dimensional distances."""
+    from sklearn.decomposition import PCA
+
+    x = rows.double().numpy()
+    pca = PCA(n_components=min(dims, len(x) - 1), svd_solver="full").fit(x)
+    reduce = lambda r: (r.double().numpy() - pca.mean_) @ pca.components_.T  # noqa: E731
+    cos = cosine_matrix(torch.from_numpy(reduce(rows)), torch.from_numpy(reduce(centres)))
+    means, labels = m_step(rows, labels, weights)
+    k = len(means)
+    to_centre = squared_distances(rows, means).numpy()
+    between = squared_distances(means, means).numpy()
+    gc = [to_centre[labels == c, c].mean() / (between[c].sum() / (k - 1)) for c in range(k)]
+    return pca, reduce(rows), cos.argmax(1).numpy(), np.array(gc)
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_gram_pca_and_cnt_equal_the_d_dimensional_computation(weighted):
+    """Issue 21: the Gram route gives sklearn's PCA scores (up to each axis' sign), the same E-step and G_c."""
+    rows, truth = planted(4, 8, dim=2000, spread=0.3, seed=3)
+    centres = m_step(rows + 0.01, truth, None)[0]  # last round's centres: not in the rows' span
+    weights = np.arange(1.0, len(rows) + 1) if weighted else None
+    pca, scores, assignment, gc = _reference_fedac_steps(rows, truth, centres, dims=10, weights=weights)
+    gram = centred_gram(rows)
+    mine = fit_map(rows, 10, 0, gram)
+    from fedtail.algorithms.fedac import reduce
+
+    ours = reduce(mine, rows, True).numpy()
+    assert ours.shape == scores.shape
+    for axis in range(scores.shape[1]):
+        sign = np.sign(ours[:, axis] @ scores[:, axis])
+        np.testing.assert_allclose(ours[:, axis], sign * scores[:, axis], atol=1e-4 * np.abs(scores).max())
+    assert np.array_equal(e_step(rows, centres, "lrcos", mine, True), assignment)
+    assert same_partition(assignment, truth)
+    np.testing.assert_allclose(granularity(gram, truth, weights), gc, rtol=1e-4)
+
+
+def test_initial_labels_on_the_gram_pca_equal_sklearns():
+    from sklearn.cluster import KMeans
+    from sklearn.metrics import adjusted_rand_score
+
+    rows, truth = planted(3, 7, dim=1500, spread=0.4, seed=5)
+    pca, scores, _, _ = _reference_fedac_steps(rows, truth, rows[:3], dims=50)
+    unit = scores / np.linalg.norm(scores, axis=1, keepdims=True)
+    reference = KMeans(n_clusters=3, n_init=10, random_state=11).fit_predict(unit)
+    labels = initial_labels(rows, 3, fit_map(rows, 50), center=True, seed=11)
+    assert adjusted_rand_score(reference, labels) == pytest.approx(1.0)
+
+
+def test_fedac_server_keeps_models_in_one_growing_float32_matrix():
+    config = tiny_config(algorithm="fedac", partition={"num_clients": 6}, fraction=1.0, rounds=1)
+    sim = simulation(config)
+    sim.run()
+    server = sim.server
+    assert server.models.dtype == torch.float32 and server.models.shape[0] == len(server.known) == 6
+    state = server.state_dict()
+    assert state["models"].shape[0] == 6  # no spare rows in a checkpoint
+    server.load_state_dict(state)
+    assert server._index == {cid: i for i, cid in enumerate(server.known)}
 
 
 # --- the client -------------------------------------------------------------------------------

@@ -9,7 +9,8 @@ from torch import nn
 
 from conftest import tiny_config
 from fedtail.algorithms.mupfl import AGGREGATE, DELTA, MuPFLConfig
-from fedtail.algorithms.mupfl.acmu import cluster_clients, cluster_update, embedding, similarity
+from fedtail.algorithms.clustering import kmeans
+from fedtail.algorithms.mupfl.acmu import cluster_clients, cluster_update, embedding, project_2d, similarity
 from fedtail.algorithms.mupfl.bavd import ActivationMaps, keep_mask, threshold, value_mask
 from fedtail.models import build_model
 from fedtail.engine.training import evaluate as evaluate_model
@@ -109,7 +110,7 @@ def test_embedding_distance_is_the_papers_similarity():
         for j in range(6):
             dist = alpha * cos(deltas[i], deltas[j], dim=0) + (1 - alpha) * cos(maps[i], maps[j], dim=0)
             assert similarity(points)[i, j] == pytest.approx(float(dist), abs=1e-6)
-            assert np.sum((points[i] - points[j]) ** 2) == pytest.approx(2 * (1 - float(dist)), abs=1e-6)
+            assert np.sum((points.points[i] - points.points[j]) ** 2) == pytest.approx(2 * (1 - float(dist)), abs=1e-6)
 
 
 def test_acmu_finds_planted_clusters_and_their_number():
@@ -124,6 +125,66 @@ def test_acmu_finds_planted_clusters_and_their_number():
     for label in range(3):
         assert len(set(found.labels[truth == label])) == 1
     assert len(set(found.labels)) == 3
+
+
+def _reference_acmu(deltas, maps, alpha, kappa_min, kappa_max, seed):
+    """ACMU as it was before issue 21: k-means and silhouettes on the full float64 e_i."""
+    from sklearn.cluster import KMeans
+    from sklearn.metrics import silhouette_score
+
+    unit = lambda x: x / x.norm(dim=1, keepdim=True)  # noqa: E731
+    parts = [alpha**0.5 * unit(deltas.double())]
+    if maps is not None:
+        parts.append((1 - alpha) ** 0.5 * unit(maps.double()))
+    points = torch.cat(parts, dim=1).numpy()
+    distance = np.clip(1.0 - points @ points.T, 0.0, None)
+    np.fill_diagonal(distance, 0.0)
+    found = {}
+    for k in range(kappa_min, kappa_max + 1):
+        km = KMeans(n_clusters=k, n_init=10, random_state=seed).fit(points)
+        found[k] = (km.labels_, km.inertia_, float(silhouette_score(distance, km.labels_, metric="precomputed")))
+    return found
+
+
+@pytest.mark.parametrize("with_maps", [False, True])
+def test_acmu_on_gram_coordinates_equals_kmeans_on_the_full_vectors(with_maps):
+    """Issue 21: same partitions, inertias and silhouettes as k-means on the d-dimensional e_i.
+
+    Labels are equal too here; they could differ only by a decision within rounding (see
+    ``clustering.kmeans``), so the test asserts the partition (ARI 1) and equal labels separately.
+    """
+    from sklearn.metrics import adjusted_rand_score
+
+    rng = np.random.default_rng(3)
+    truth = np.repeat([0, 1, 2, 3], 6)
+    deltas = torch.tensor(rng.normal(size=(4, 3000))[truth] + rng.normal(size=(24, 3000)) * 0.8, dtype=torch.float32)
+    maps = torch.tensor(rng.random((4, 40))[truth] + rng.random((24, 40)) * 0.5, dtype=torch.float32) if with_maps else None
+    alpha = 0.4 if with_maps else 1.0
+    ref = _reference_acmu(deltas, maps, alpha, 2, 6, seed=7)
+    points = embedding(deltas, maps, alpha)
+    assert points.points.shape[1] <= 24 and points.dim == 3000 + (40 if with_maps else 0)
+    for k, (labels, inertia, sil) in ref.items():
+        km = kmeans(points.points, k, 7, dim=points.dim)
+        assert adjusted_rand_score(labels, km.labels_) == pytest.approx(1.0)
+        assert np.array_equal(labels, km.labels_)
+        assert km.inertia_ == pytest.approx(inertia, rel=1e-5)
+    found = cluster_clients(points, kappa=None, kappa_min=2, kappa_max=6, seed=7)
+    for k, score in found.scores.items():
+        assert score == pytest.approx(ref[k][2], abs=1e-5)
+    assert found.kappa == max(ref, key=lambda k: ref[k][2])
+
+
+def test_acmu_view_is_the_pca_of_the_full_vectors_up_to_sign():
+    from sklearn.decomposition import PCA
+
+    rng = np.random.default_rng(4)
+    deltas = torch.tensor(rng.normal(size=(9, 500)), dtype=torch.float32)
+    full = (deltas.double() / deltas.double().norm(dim=1, keepdim=True)).numpy()
+    ref = PCA(n_components=2).fit_transform(full)
+    view = project_2d(embedding(deltas, None, 1.0))
+    for axis in range(2):
+        sign = np.sign(ref[:, axis] @ view[:, axis])
+        np.testing.assert_allclose(view[:, axis], sign * ref[:, axis], atol=1e-5)
 
 
 def test_acmu_fixed_kappa_and_small_edges():

@@ -133,6 +133,12 @@ class RunConfig(BaseModel):
         description="--checkpoint-every: write the run's state to checkpoint.pt every N rounds (0: never), "
         "so a stopped run resumes there; does not change results",
     )
+    client_state: Literal["memory", "disk"] = Field(
+        "memory",
+        description="--client-state: where the simulator keeps the clients' persistent state between rounds: "
+        "memory, or disk (one file per client in the run folder, loaded when the client is served; bounds "
+        "memory with many clients holding personal models); does not change results",
+    )
     log_clustering_every: int = Field(
         LOG_CLUSTERING_EVERY,
         ge=1,
@@ -232,6 +238,8 @@ class RunConfig(BaseModel):
             data.pop("faults", None)
         if self.log_clustering_every == LOG_CLUSTERING_EVERY:  # likewise
             data.pop("log_clustering_every", None)
+        if self.client_state == "memory":  # likewise
+            data.pop("client_state", None)
         if self.head is None:  # likewise: the model's own split, what every run used before
             data.pop("head", None)
         return data
@@ -445,6 +453,7 @@ FLAG_KEYS: dict[str, tuple[str, ...]] = {
     "max_update_norm": ("faults", "max_update_norm"),
     "on_nonfinite": ("faults", "on_nonfinite"),
     "log_clustering_every": ("log_clustering_every",),
+    "client_state": ("client_state",),
 }
 
 

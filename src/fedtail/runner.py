@@ -83,6 +83,7 @@ def run_to_folder(
         on_round=on_round,
         on_checkpoint=(lambda s: checkpoint.save(out, s)) if checkpoints else None,
         executor_factory=executor_factory,
+        run_dir=out,
     )
     try:
         if state is not None:

@@ -33,8 +33,9 @@ reachable), so beyond the structure above everything is *interpretation*, each a
 - Only parameters follow the outer step; buffers (BatchNorm statistics) of the upload are θ_i's,
   the only estimate of the client's data, so the generalized models' statistics stay current.
 - Clustering: scikit-learn k-means (k-means++, 10 restarts, seeded from the run seed and the
-  round) on the flattened floating-point tensors of this round's uploads, with k = min(K, uploads),
-  every ``recluster_every`` rounds. If the paper's clustering carries size constraints, they are
+  round) on the flattened floating-point tensors of this round's uploads (on their Gram
+  coordinates, the same problem in n numbers per upload: :mod:`fedtail.algorithms.clustering`),
+  with k = min(K, uploads), every ``recluster_every`` rounds. If the paper's clustering carries size constraints, they are
   not implemented. k-means labels are arbitrary, so its clusters are matched one-to-one to the
   nearest current generalized models (Hungarian matching, squared distance): a cluster continues
   the model it is closest to. Generalized models whose cluster is empty this round are unchanged.
@@ -59,16 +60,18 @@ import numpy as np
 import torch
 from pydantic import Field
 from scipy.optimize import linear_sum_assignment
-from sklearn.cluster import KMeans
 
 from fedtail.algorithms.aggregate import WeightedMean, weighted_mean
 from fedtail.algorithms.base import Algorithm, AlgorithmConfig, Comm, Message, PersonalClient, ServerHalf, Tensors
 from fedtail.algorithms.clustering import (
+    centred_gram,
     cluster_means,
     cluster_record,
     flatten,
     float_keys,
     full_record,
+    gram_coordinates,
+    kmeans,
     project_2d,
     squared_distances,
 )
@@ -104,9 +107,17 @@ class CGPFLConfig(AlgorithmConfig):
 
 
 def kmeans_labels(points: torch.Tensor, k: int, seed: int) -> np.ndarray:
-    """k-means labels (0..k−1) of the rows of ``points``, reproducible from ``seed``."""
-    km = KMeans(n_clusters=k, n_init=KMEANS_RESTARTS, random_state=seed % 2**32)
-    return km.fit_predict(points.numpy())
+    """k-means labels (0..k−1) of the rows of ``points``, reproducible from ``seed``.
+
+    Run on the rows' Gram coordinates (float64, n numbers per row; ``clustering.kmeans``): the
+    same problem as on the d-dimensional rows. Earlier versions ran scikit-learn's k-means on the
+    float32 rows, in float32: the partitions agree on separated clusters (tests).
+    """
+    if len(points) < 2 or points.shape[1] <= len(points):
+        coords = points.to(torch.float64).numpy()
+    else:
+        coords = gram_coordinates(centred_gram(points))
+    return kmeans(coords, k, seed % 2**32, n_init=KMEANS_RESTARTS, dim=points.shape[1]).labels_
 
 
 def match_to_centers(means: torch.Tensor, centers: torch.Tensor) -> np.ndarray:

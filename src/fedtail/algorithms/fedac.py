@@ -60,6 +60,21 @@ sampled), or stays unknown. R^0 waits until min(K, clients per round) clients ha
 fewer clusters, and a lone cluster CNT cannot split; meanwhile every client, uploaded or not, is
 pulled towards the mean of the known models.
 
+Server cost at scale (issue 21). The PCA of Alg. 2 is computed from the centred Gram matrix
+Gc = (X − μ)(X − μ)ᵀ of the n known models (taken of the models minus the first, then centred
+exactly: ``clustering.centred_gram``): with Gc = U Λ Uᵀ the principal components are
+V = Λ^{-1/2} Uᵀ (X − μ), the same vectors an SVD of X − μ gives (up to the sign of each, which no
+cosine of the E-step sees), and the fitted models' coordinates are U Λ^{1/2}: one n×n×d product
+instead of an n×d SVD (:func:`fit_map_scores`).
+Components of (numerically) zero variance are dropped (an SVD returns arbitrary directions there,
+orthogonal to every fitted model). CNT's distances are those of weighted means of models, so with
+A the member weights (rows summing to 1) ‖ω_i − Ω_k‖² = Gc_ii − 2 (Gc Aᵀ)_ik + (A Gc Aᵀ)_kk and
+‖Ω_k − Ω_l‖² from A Gc Aᵀ, exactly; the split's k-means runs on the members' Gram coordinates.
+Entries of Gc are float32 products of centred models summed in float64 (relative error ~1e-6,
+see :mod:`fedtail.algorithms.clustering`); assignments equal those of the former d-dimensional
+computation on separated clusters (``tests/test_fedac.py``). The server keeps the known models in
+one float32 matrix that grows by doubling.
+
 Model split (reference setting, ``fedtail list``): the embedding φ is all but the last layer
 (the paper), so runs get ``--head last``; for convnet that is the model's own split.
 """
@@ -71,8 +86,6 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 import torch
 from pydantic import Field, model_validator
-from sklearn.cluster import KMeans
-from sklearn.decomposition import PCA
 
 from fedtail.algorithms.aggregate import WeightedMean
 from fedtail.algorithms.base import (
@@ -86,14 +99,22 @@ from fedtail.algorithms.base import (
     Tensors,
 )
 from fedtail.algorithms.clustering import (
+    BLOCK_VALUES,
+    EIG_RTOL,
     cluster_means,
     cluster_record,
     cosine_matrix,
+    double_centre,
     float_keys,
     flatten,
     full_record,
+    gram as gram_matrix,
+    gram_coordinates,
+    kmeans,
     relabel,
+    row_mean,
     squared_distances,
+    top_eigenpairs,
     unflatten,
 )
 
@@ -138,30 +159,84 @@ class FedACConfig(AlgorithmConfig):
 # --- the server's clustering steps, on flat model vectors (rows) ------------------------------
 
 
-def fit_map(models: torch.Tensor, dims: int, seed: int) -> PCA | None:
-    """UpdateMap (Alg. 2): a PCA of the rows with at most ``dims`` components; None if < 2 rows."""
+PCAMap = dict  # {"reference": r (float32, d), "offset": (μ − r)·Vᵀ (float64, D), "components": V (float32, D×d)}
+
+
+def fit_map_scores(
+    models: torch.Tensor, dims: int, gram: np.ndarray | None = None, reference: torch.Tensor | None = None
+) -> tuple[PCAMap | None, torch.Tensor | None]:
+    """UpdateMap (Alg. 2) and the fitted rows' PCA scores (M·ω − M·μ, float64); (None, None) if < 2 rows.
+
+    ``gram``: the Gram matrix of ``models − reference`` (both computed if not given; the
+    reference is a float32 row close to the models, by default the first). With Gc its centred
+    form, Gc = U Λ Uᵀ, and W = Λ_D^{-1/2} U_Dᵀ for the top D = min(dims, rows − 1) eigenpairs
+    (zero-variance ones dropped): V = W (X − r) (the rows of W sum to 0, so any reference gives
+    the same V), the scores are U_D Λ_D^{1/2} = G Wᵀ − mean, and the offset (μ − r)·Vᵀ is the mean
+    row of G Wᵀ: M·ω = V·(ω − μ) = V·(ω − r) − offset, with no pass for μ.
+    """
     n = len(models)
     if n < 2:
-        return None
-    pca = PCA(n_components=max(1, min(dims, n - 1)), svd_solver="full", random_state=seed)
-    return pca.fit(models.to(torch.float64).numpy())
+        return None, None
+    if gram is None or reference is None:
+        reference = models[0].clone()
+        gram = gram_matrix(models, reference)
+    w, u = top_eigenpairs(double_centre(gram), max(1, min(dims, n - 1)))
+    top = np.arange(len(w) - 1, -1, -1)
+    top = top[w[top] > EIG_RTOL * max(float(w[-1]), 0.0)]
+    if len(top) == 0:  # every model the same: no direction to project on
+        return None, None
+    coef = (u[:, top] / np.sqrt(w[top])).T  # W, D×n
+    projected = gram @ coef.T  # (X − r)·Vᵀ of the fitted rows
+    offset = projected.mean(axis=0)
+    coef32 = torch.from_numpy(coef.astype(np.float32))
+    ref = reference.to(torch.float32)
+    width = max(1, BLOCK_VALUES // n)
+    components = torch.empty(len(top), models.shape[1], dtype=torch.float32)
+    for a in range(0, models.shape[1], width):
+        components[:, a : a + width] = coef32 @ (models[:, a : a + width] - ref[a : a + width])
+    pca = {"reference": ref, "offset": torch.from_numpy(offset), "components": components}
+    return pca, torch.from_numpy(projected - offset)
 
 
-def reduce(pca: PCA | None, rows: torch.Tensor, center: bool) -> torch.Tensor:
-    """M·ω for each row (float64); the rows themselves without a map."""
-    x = rows.to(torch.float64)
+def fit_map(
+    models: torch.Tensor, dims: int, seed: int | None = None, gram: np.ndarray | None = None,
+    reference: torch.Tensor | None = None,
+) -> PCAMap | None:  # fmt: skip
+    """UpdateMap (Alg. 2): a PCA of the rows with at most ``dims`` components; None if < 2 rows.
+
+    See :func:`fit_map_scores`; ``seed`` is unused (the decomposition is exact).
+    """
+    return fit_map_scores(models, dims, gram, reference)[0]
+
+
+def reduce(pca: PCAMap | None, rows: torch.Tensor, center: bool) -> torch.Tensor:
+    """M·ω for each row (float64); the rows themselves without a map. By row blocks (float32 products).
+
+    V·(ω − r) − offset centred (= V·(ω − μ)), V·(ω − r) + V·r uncentred (= V·ω).
+    """
     if pca is None:
-        return x
-    if center:
-        x = x - torch.from_numpy(pca.mean_)
-    return x @ torch.from_numpy(pca.components_).T
+        return rows.to(torch.float64)
+    components, ref = pca["components"], pca["reference"]
+    shift = -pca["offset"] if center else ref.to(torch.float64) @ components.to(torch.float64).T
+    out = torch.empty(len(rows), len(components), dtype=torch.float64)
+    step = max(1, BLOCK_VALUES // max(rows.shape[1], 1))
+    for i in range(0, len(rows), step):
+        out[i : i + step] = ((rows[i : i + step].to(torch.float32) - ref) @ components.T).to(torch.float64) + shift
+    return out
 
 
-def e_step(models: torch.Tensor, centres: torch.Tensor, similarity: str, pca: PCA | None, center: bool) -> np.ndarray:
-    """Eq. 4: each row's most similar centre (LrCos) or nearest centre (L2)."""
+def e_step(
+    models: torch.Tensor, centres: torch.Tensor, similarity: str, pca: PCAMap | None, center: bool,
+    reduced: torch.Tensor | None = None,
+) -> np.ndarray:  # fmt: skip
+    """Eq. 4: each row's most similar centre (LrCos) or nearest centre (L2).
+
+    ``reduced``: ``reduce(pca, models, center)`` if already known (the scores of a refit).
+    """
     if similarity == "l2":
         return squared_distances(models, centres).argmin(dim=1).numpy()
-    sim = cosine_matrix(reduce(pca, models, center), reduce(pca, centres, center))
+    points = reduce(pca, models, center) if reduced is None else reduced
+    sim = cosine_matrix(points, reduce(pca, centres, center))
     return sim.argmax(dim=1).numpy()
 
 
@@ -172,23 +247,48 @@ def m_step(models: torch.Tensor, labels: np.ndarray, weights: np.ndarray | None)
     return torch.stack([means[k] for k in range(len(means))]), labels
 
 
-def initial_labels(models: torch.Tensor, k: int, pca: PCA | None, center: bool, seed: int) -> np.ndarray:
+def initial_labels(
+    models: torch.Tensor, k: int, pca: PCAMap | None, center: bool, seed: int, reduced: torch.Tensor | None = None
+) -> np.ndarray:
     """R^0: k-means on unit-normalised reduced models, so Euclidean k-means follows the cosine."""
-    points = reduce(pca, models, center)
+    points = reduce(pca, models, center) if reduced is None else reduced
     points = points / points.norm(dim=1, keepdim=True).clamp_min(1e-12)
     k = min(k, len(models))
     if k <= 1:
         return np.zeros(len(models), dtype=int)
-    return KMeans(n_clusters=k, n_init=10, random_state=seed).fit_predict(points.numpy())
+    return kmeans(points.numpy(), k, seed, n_init=10).labels_
 
 
-def granularity(models: torch.Tensor, labels: np.ndarray, centres: torch.Tensor) -> np.ndarray:
-    """G_c^k = Dist_intra^k / Dist_inter^k of every cluster (Alg. 3, lines 2–4)."""
-    k = len(centres)
+def member_weights(labels: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
+    """A (K×n): row k holds the weights of cluster k's members, summing to 1 (Ω_k = A_k·X)."""
+    labels = np.asarray(labels)
+    w = np.ones(len(labels)) if weights is None else np.asarray(weights, dtype=float)
+    k = int(labels.max()) + 1 if len(labels) else 0
+    a = np.zeros((k, len(labels)))
+    a[labels, np.arange(len(labels))] = w
+    return a / np.maximum(a.sum(1, keepdims=True), 1e-300)
+
+
+def _centre_distances(gram: np.ndarray, labels: np.ndarray, weights: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """‖ω_i − Ω_k‖² (n×K) and ‖Ω_k − Ω_l‖² (K×K) from the Gram matrix of the models."""
+    a = member_weights(labels, weights)
+    ga = gram @ a.T
+    c = a @ ga
+    to_centre = np.diag(gram)[:, None] - 2 * ga + np.diag(c)[None, :]
+    between = np.diag(c)[:, None] + np.diag(c)[None, :] - 2 * c
+    return np.clip(to_centre, 0.0, None), np.clip(between, 0.0, None)
+
+
+def granularity(gram: np.ndarray, labels: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
+    """G_c^k = Dist_intra^k / Dist_inter^k of every cluster (Alg. 3, lines 2–4).
+
+    ``gram``: a Gram matrix of the models (any common centre); ``labels`` 0..K−1, the M-step's
+    clusters, whose centres are the (``weights``-weighted) member means.
+    """
+    k = int(labels.max()) + 1
     if k < 2:
         return np.full(k, np.nan)
-    to_centre = squared_distances(models, centres)
-    between = squared_distances(centres, centres)
+    to_centre, between = _centre_distances(gram, labels, weights)
     out = np.empty(k)
     for c in range(k):
         intra = float(to_centre[labels == c, c].mean())
@@ -198,21 +298,32 @@ def granularity(models: torch.Tensor, labels: np.ndarray, centres: torch.Tensor)
 
 
 def tune_clusters(
-    models: torch.Tensor, labels: np.ndarray, centres: torch.Tensor, a: float, b: float, max_clusters: int, seed: int
+    gram: np.ndarray,
+    labels: np.ndarray,
+    weights: np.ndarray | None,
+    a: float,
+    b: float,
+    max_clusters: int,
+    seed: int,
+    dim: int | None = None,
 ) -> tuple[np.ndarray, dict]:
-    """CNT (Alg. 3): merge clusters with G_c < a, split those with G_c > b; the new labels."""
-    gc = granularity(models, labels, centres)
+    """CNT (Alg. 3): merge clusters with G_c < a, split those with G_c > b; the new labels.
+
+    ``gram``, ``labels``, ``weights`` as in :func:`granularity`; ``dim``: the models' dimension
+    (for the split's k-means tolerance, ``clustering.kmeans``).
+    """
+    gc = granularity(gram, labels, weights)
     labels = labels.copy()
     merged: list[tuple[int, int]] = []
     split: list[int] = []
-    if len(centres) >= 2:
-        between = squared_distances(centres, centres)
-        between.fill_diagonal_(float("inf"))
+    if len(gc) >= 2:
+        _, between = _centre_distances(gram, labels, weights)
+        np.fill_diagonal(between, np.inf)
         touched: set[int] = set()
         for c in np.argsort(gc):  # tightest first
             if not gc[c] < a or c in touched:
                 continue
-            order = [int(j) for j in between[c].argsort() if int(j) not in touched and int(j) != c]
+            order = [int(j) for j in np.argsort(between[c], kind="stable") if int(j) not in touched and int(j) != c]
             if not order:
                 continue
             target = order[0]
@@ -225,9 +336,8 @@ def tune_clusters(
             members = np.flatnonzero(labels == c)
             if not gc[c] > b or int(c) in touched or len(members) < 2 or count >= max_clusters:
                 continue
-            halves = KMeans(n_clusters=2, n_init=1, max_iter=1, random_state=seed).fit_predict(
-                models[members].to(torch.float64).numpy()
-            )
+            points = gram_coordinates(gram[np.ix_(members, members)])
+            halves = kmeans(points, 2, seed, n_init=1, max_iter=1, dim=dim).labels_
             if halves.min() == halves.max():
                 continue
             labels[members[halves == 1]] = next_label
@@ -248,23 +358,29 @@ class FedACServer(ServerHalf):
         self.body_keys = ctx.model().body_keys()
         self.phi: Tensors = {k: ctx.init_weights[k] for k in self.body_keys}
         self.known: list[int] = []  # clients with an uploaded model, in first-upload order
-        self.models = torch.empty(0)  # their last uploads, one flat row each (rows follow ``known``)
+        self._rows = torch.empty(0)  # their last uploads, one flat float32 row each, spare rows at the end
+        self._index: dict[int, int] = {}  # client -> row
         self.labels = np.zeros(0, dtype=int)  # cluster of each known client
         self.centres = torch.empty(0)  # Ω_k as flat rows
-        self.pca: PCA | None = None
+        self.pca: PCAMap | None = None
         self.population: Tensors | None = None  # mean of the known models (cached for a round)
+
+    @property
+    def models(self) -> torch.Tensor:
+        """The known clients' last uploads (rows follow ``known``)."""
+        return self._rows[: len(self.known)]
 
     def _as_model(self, row: torch.Tensor) -> Tensors:
         return self.ctx.init_weights | unflatten(row, self.ctx.init_weights, self.keys)
 
     def _anchor(self, cid: int) -> Tensors:
         """Ω_k*(i) of an assigned client; else the mean of the known models (or the initial one)."""
-        if cid in self.known and len(self.centres):
-            return self._as_model(self.centres[self.labels[self.known.index(cid)]])
+        if cid in self._index and len(self.centres):
+            return self._as_model(self.centres[self.labels[self._index[cid]]])
         if not len(self.known):
             return dict(self.ctx.init_weights)
         if self.population is None:  # once per round, not once per unassigned client
-            self.population = self._as_model(self.models.to(torch.float64).mean(0).to(torch.float32))
+            self.population = self._as_model(row_mean(self.models).to(torch.float32))
         return self.population
 
     def run_round(self, rnd: int, clients: list[int], comm: Comm) -> None:
@@ -283,21 +399,33 @@ class FedACServer(ServerHalf):
             return
 
         seed = self.ctx.seed(rnd) % 2**31
-        if self.pca is None or (rnd - 1) % opts.pca_every == 0:
-            self.pca = fit_map(self.models, opts.pca_dims, seed) if opts.similarity == "lrcos" else None
+        models = self.models
+        refit = self.pca is None or (rnd - 1) % opts.pca_every == 0
+        # One Gram matrix of the known models (minus the first) serves the PCA refit and CNT (module docstring).
+        gram, reference = None, models[0].clone()
+        if opts.cnt or (refit and opts.similarity == "lrcos"):
+            gram = gram_matrix(models, reference)
+        reduced = None  # the models' LrCos coordinates, when the refit gives them
+        if refit:
+            self.pca = None
+            if opts.similarity == "lrcos":
+                self.pca, scores = fit_map_scores(models, opts.pca_dims, gram, reference)
+                if self.pca is not None and opts.pca_center:
+                    reduced = scores
         if len(self.centres) == 0:
-            labels = initial_labels(self.models, opts.num_clusters, self.pca, opts.pca_center, seed)
+            labels = initial_labels(models, opts.num_clusters, self.pca, opts.pca_center, seed, reduced)
         else:
-            labels = e_step(self.models, self.centres, opts.similarity, self.pca, opts.pca_center)
+            labels = e_step(models, self.centres, opts.similarity, self.pca, opts.pca_center, reduced)
         weights = self.ctx.client_train_sizes[self.known] if opts.weighted else None
-        self.centres, self.labels = m_step(self.models, labels, weights)
+        self.labels = relabel(labels)
         info: dict = {}
         if opts.cnt:
-            labels, info = tune_clusters(
-                self.models, self.labels, self.centres, opts.gc_low, opts.gc_high, opts.max_clusters, seed
+            assert gram is not None
+            self.labels, info = tune_clusters(
+                gram, self.labels, weights, opts.gc_low, opts.gc_high, opts.max_clusters, seed, dim=models.shape[1]
             )
-            self.centres, self.labels = m_step(self.models, labels, weights)
-        pca, models = self.pca, self.models
+        self.centres, self.labels = m_step(models, self.labels, weights)
+        pca = self.pca
 
         def points() -> torch.Tensor:  # the LrCos coordinates, for the log's 2-D view
             return reduce(pca, models, opts.pca_center) if pca is not None else models
@@ -306,16 +434,49 @@ class FedACServer(ServerHalf):
         comm.log(clustering=cluster_record(self.known, self.labels, points, full=full, **info))
 
     def _store(self, cid: int, row: torch.Tensor) -> None:
-        if cid in self.known:
-            self.models[self.known.index(cid)] = row
+        if cid in self._index:
+            self._rows[self._index[cid]] = row
             return
+        n = len(self.known)
+        if n == len(self._rows):  # full: double the capacity (amortised O(1) copies per upload)
+            grown = torch.empty(max(16, 2 * n), len(row), dtype=torch.float32)
+            if n:
+                grown[:n] = self._rows[:n]
+            self._rows = grown
+        self._rows[n] = row
         self.known.append(cid)
-        self.models = torch.cat([self.models.reshape(-1, len(row)), row[None]])
+        self._index[cid] = n
         self.labels = np.append(self.labels, -1)  # assigned by this round's E-step
+
+    def state_dict(self) -> dict:
+        if len(self._rows) != len(self.known):  # drop the spare rows: a checkpoint holds the models only
+            self._rows = self._rows[: len(self.known)].clone()
+        return {
+            "phi": self.phi,
+            "known": list(self.known),
+            "models": self._rows,
+            "labels": self.labels,
+            "centres": self.centres,
+            "pca": self.pca,
+        }
+
+    def load_state_dict(self, state) -> None:
+        self.phi, self.known = state["phi"], list(state["known"])
+        self._rows = state["models"]
+        self._index = {cid: i for i, cid in enumerate(self.known)}
+        self.labels, self.centres = state["labels"], state["centres"]
+        pca = state["pca"]
+        if pca is not None and not isinstance(pca, dict):  # a checkpoint from before issue 21: a fitted sklearn PCA
+            components = torch.from_numpy(pca.components_)
+            reference = torch.from_numpy(pca.mean_).to(torch.float32)
+            offset = (torch.from_numpy(pca.mean_) - reference.to(torch.float64)) @ components.T
+            pca = {"reference": reference, "offset": offset, "components": components.to(torch.float32)}
+        self.pca = pca
+        self.population = None
 
     def evaluation_message(self, cid: int) -> Message:
         # A client that has uploaded keeps its personal model: nothing to send.
-        if cid in self.known:
+        if cid in self._index:
             return Message("evaluate", {})
         if self.ctx.options.first_start == "init":  # its ω_i^0, as it would start training from
             return Message("evaluate", dict(self.ctx.init_weights))

@@ -7,7 +7,7 @@ direction of their local updates; each group then trains one shared model with F
 Group cold start (once, in round 1). A set P of clients (``pretrain_clients``; the paper: α·K)
 trains from the common initial model w⁰ and uploads Δw_i = w_i − w⁰. With ΔW the |P|×d matrix of
 the flattened updates, a truncated SVD gives m directions v_1..v_m (``svd_dims``, the top right
-singular vectors; scikit-learn's TruncatedSVD), and each client becomes the vector of its
+singular vectors, exact: see the interpretations below), and each client becomes the vector of its
 decomposed cosine similarities
 
     s_i = (cos(Δw_i, v_1), …, cos(Δw_i, v_m)),      EDC(i, j) = ‖s_i − s_j‖₂.
@@ -46,7 +46,10 @@ Interpretations where the paper is silent (each a named option or noted here):
 - Cold starts are extra exchanges in the round that needs them: in round 1 the clients of P
   pre-train, then that round's newcomers cold-start, then the sampled clients train their groups
   (so a sampled client may train twice in the round it is first seen).
-- m is capped at |P| (ΔW has rank ≤ |P|); the SVD is TruncatedSVD's seeded randomized solver.
+- m is capped at |P| (ΔW has rank ≤ |P|). The SVD is exact, from the |P|×|P| Gram matrix
+  G = ΔW ΔWᵀ = U Σ² Uᵀ: v_k = ΔWᵀ u_k / σ_k and cos(Δw_i, v_k) = σ_k·u_ik / ‖Δw_i‖ (issue 21:
+  one |P|×|P|×d product). Earlier versions used TruncatedSVD's seeded randomized solver, an
+  approximation of the same vectors; the groups agree on separated updates (tests).
   The sign of a singular vector is arbitrary; flipping it flips one coordinate of every s_i,
   which leaves EDC unchanged. The authors' code maps the similarities to (1 − s)/2 before
   k-means; that only halves every distance, so the plain cosines are used.
@@ -76,19 +79,22 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 import torch
 from pydantic import Field, field_validator
-from sklearn.cluster import KMeans
-from sklearn.decomposition import TruncatedSVD
 
 from fedtail.algorithms.aggregate import WeightedMean
 from fedtail.algorithms.base import Algorithm, AlgorithmConfig, ClientHalf, Comm, Message, ServerHalf, Tensors
 from fedtail.algorithms.clustering import (
+    BLOCK_VALUES,
+    EIG_RTOL,
     cluster_means,
     cluster_record,
     cosine_matrix,
     float_keys,
     flatten,
     full_record,
+    gram,
+    kmeans,
     relabel,
+    server_threads,
     unflatten,
 )
 from fedtail.algorithms.fedprox import proximal_term
@@ -150,12 +156,31 @@ def pretrain_count(option: float | None, num_groups: int, num_clients: int) -> i
 # --- the server's steps, on flat update vectors (rows) -----------------------------------------
 
 
-def svd_directions(updates: torch.Tensor, dims: int, seed: int) -> torch.Tensor:
-    """v_1..v_m: the top right singular vectors of ΔW (one row each, float64), m ≤ rows."""
-    m = min(dims, len(updates))
-    svd = TruncatedSVD(n_components=m, algorithm="randomized", random_state=seed)
-    svd.fit(updates.to(torch.float64).numpy())
-    return torch.from_numpy(svd.components_)
+def _svd(updates: torch.Tensor, dims: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(σ_k, u_k, G) of the top m = min(dims, rows) singular triplets of ΔW, from G = ΔW ΔWᵀ."""
+    g = gram(updates)
+    with server_threads():
+        w, u = np.linalg.eigh(g)
+    top = np.arange(len(g) - 1, -1, -1)[: min(dims, len(g))]
+    # a direction of zero singular value is no direction of the updates: its cosines are 0
+    sigma = np.sqrt(np.where(w[top] > EIG_RTOL * max(float(w[-1]), 0.0), w[top], 0.0))
+    return sigma, u[:, top], g
+
+
+def _directions(updates: torch.Tensor, sigma: np.ndarray, u: np.ndarray) -> torch.Tensor:
+    """v_k = ΔWᵀ u_k / σ_k as rows (float64; zero where σ_k = 0), by column blocks."""
+    coef = torch.from_numpy((u / np.where(sigma > 0, sigma, np.inf)).T.astype(np.float32))
+    out = torch.empty(len(sigma), updates.shape[1], dtype=torch.float64)
+    width = max(1, BLOCK_VALUES // max(len(updates), 1))
+    for a in range(0, updates.shape[1], width):
+        out[:, a : a + width] = coef @ updates[:, a : a + width].to(torch.float32)
+    return out
+
+
+def svd_directions(updates: torch.Tensor, dims: int, seed: int | None = None) -> torch.Tensor:
+    """v_1..v_m: the top right singular vectors of ΔW (one row each, float64), m ≤ rows; exact (``seed`` unused)."""
+    sigma, u, _ = _svd(updates, dims)
+    return _directions(updates, sigma, u)
 
 
 def decomposed_similarity(updates: torch.Tensor, directions: torch.Tensor) -> torch.Tensor:
@@ -170,11 +195,15 @@ def edc(updates: torch.Tensor, directions: torch.Tensor) -> torch.Tensor:
 
 
 def edc_groups(updates: torch.Tensor, k: int, dims: int, seed: int) -> tuple[np.ndarray, torch.Tensor, torch.Tensor]:
-    """Group cold start: k-means on the decomposed similarities; (labels, s_i rows, directions)."""
-    directions = svd_directions(updates, dims, seed)
-    points = decomposed_similarity(updates, directions)
-    labels = KMeans(n_clusters=k, n_init=10, random_state=seed).fit_predict(points.numpy())
-    return relabel(labels), points, directions
+    """Group cold start: k-means on the decomposed similarities; (labels, s_i rows, directions).
+
+    s_ik = cos(Δw_i, v_k) = σ_k·u_ik / ‖Δw_i‖, read off the Gram matrix the SVD came from.
+    """
+    sigma, u, g = _svd(updates, dims)
+    norms = np.sqrt(np.clip(np.diag(g), 0.0, None))
+    points = torch.from_numpy(u * sigma / np.maximum(norms, 1e-12)[:, None])
+    labels = kmeans(points.numpy(), k, seed, n_init=10).labels_
+    return relabel(labels), points, _directions(updates, sigma, u)
 
 
 def most_similar(updates: torch.Tensor, references: torch.Tensor) -> np.ndarray:

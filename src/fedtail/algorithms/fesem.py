@@ -13,7 +13,9 @@ over the assignment r and the centres, alternating with local training:
     M-step:       Ω_k = Σ_i r_i^(k) ω_i / Σ_i r_i^(k)
 
 One E-step and one M-step per round, as Algorithm 1 alternates them with the local update.
-Models are compared as flat vectors of their floating-point tensors (``clustering.flatten``).
+Models are compared as flat vectors of their floating-point tensors (``clustering.flatten``);
+the E-step's distances are float64 by blocks of rows, the k-means++ seeding runs on the rows'
+Gram coordinates (the same draws: :mod:`fedtail.algorithms.clustering`).
 There is one shared model per cluster and no personal model: a client is evaluated with its
 centre. There is no global model.
 
@@ -63,11 +65,14 @@ from sklearn.cluster import kmeans_plusplus
 
 from fedtail.algorithms.base import Algorithm, AlgorithmConfig, Comm, Message, ServerHalf, Tensors
 from fedtail.algorithms.clustering import (
+    centred_gram,
     cluster_means,
     cluster_record,
     flatten,
     float_keys,
     full_record,
+    gram_coordinates,
+    server_threads,
     squared_distances,
     unflatten,
 )
@@ -110,10 +115,15 @@ def m_step(
 
 
 def seeded_centres(models: torch.Tensor, count: int, seed: int) -> torch.Tensor:
-    """Up to ``count`` of the rows, picked by k-means++ seeding (fewer if there are fewer rows)."""
+    """Up to ``count`` of the rows, picked by k-means++ seeding (fewer if there are fewer rows).
+
+    k-means++ draws by squared distances only, so it runs on the rows' Gram coordinates
+    (``clustering.gram_coordinates``, n numbers per row instead of d): the same draws, the same rows.
+    """
     n = min(count, len(models))
-    centres, _ = kmeans_plusplus(models.to(torch.float64).numpy(), n_clusters=n, random_state=seed)
-    return torch.from_numpy(centres).to(models.dtype)
+    with server_threads():
+        _, picked = kmeans_plusplus(gram_coordinates(centred_gram(models)), n_clusters=n, random_state=seed)
+    return models[torch.as_tensor(picked)].clone()
 
 
 # --- the server half ---------------------------------------------------------------------------

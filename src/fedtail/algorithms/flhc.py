@@ -15,6 +15,9 @@ FedAvg, starting from w^n: in round t its sampled members train θ_c and
 
     θ_c ← Σ_{i∈S_t∩c} (n_i / n_{S_t∩c}) · w_i        (a cluster with no sampled member is kept).
 
+The clustering runs on n coordinates with the updates' distances (:func:`update_points`: from
+their Gram matrix, one n×n×d product; issue 21), which gives the same tree.
+
 Rounds 1..n are FedAvg exactly. Before the clustering a client is evaluated with the global
 model; afterwards with its cluster's model (every client has one: all clients are clustered).
 
@@ -55,14 +58,18 @@ from sklearn.cluster import AgglomerativeClustering
 from fedtail.algorithms.aggregate import WeightedMean
 from fedtail.algorithms.base import Algorithm, AlgorithmConfig, Comm, Message, Tensors
 from fedtail.algorithms.clustering import (
+    centred_gram,
     cluster_means,
     cluster_record,
     cosine_matrix,
     float_keys,
     flatten,
     full_record,
+    gram,
+    gram_coordinates,
     project_2d,
     relabel,
+    server_threads,
 )
 from fedtail.algorithms.fedavg import FedAvgClient, FedAvgServer
 from fedtail.errors import ConfigError
@@ -123,16 +130,39 @@ def nearest(update: torch.Tensor, centroids: torch.Tensor, metric: str) -> int:
     return int(torch.cdist(u, c, p=1.0 if metric == "manhattan" else 2.0).argmin())
 
 
+def update_points(updates: torch.Tensor, metric: str) -> np.ndarray:
+    """Points with the updates' geometry under ``metric``, in at most n coordinates (float64).
+
+    Euclidean distances are those of the Gram coordinates of the centred updates, cosine
+    distances those of the uncentred ones (inner products preserved); Ward, average, complete and
+    single linkage depend on the distances only, so the tree is the same as on the updates
+    (``clustering.gram_coordinates``). Manhattan distances change under rotation: the updates
+    themselves (float64).
+    """
+    if metric == "manhattan" or updates.shape[1] <= len(updates):
+        return updates.to(torch.float64).numpy()
+    return gram_coordinates(centred_gram(updates) if metric == "euclidean" else gram(updates))
+
+
 def hierarchical_clusters(
-    updates: torch.Tensor, metric: str, linkage: str, num_clusters: int | None, distance_threshold: float | None
+    updates: torch.Tensor,
+    metric: str,
+    linkage: str,
+    num_clusters: int | None,
+    distance_threshold: float | None,
+    points: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Agglomerative clustering of the rows, labels renumbered 0..K−1 by first appearance."""
+    """Agglomerative clustering of the rows, labels renumbered 0..K−1 by first appearance.
+
+    ``points``: :func:`update_points` of the rows, if already computed.
+    """
     if len(updates) < 2:
         return np.zeros(len(updates), dtype=int)
     model = AgglomerativeClustering(
         n_clusters=num_clusters, distance_threshold=distance_threshold, metric=metric, linkage=linkage
     )
-    return relabel(model.fit_predict(updates.to(torch.float64).numpy()))
+    with server_threads():
+        return relabel(model.fit_predict(update_points(updates, metric) if points is None else points))
 
 
 class FLHCServer(FedAvgServer):
@@ -168,14 +198,17 @@ class FLHCServer(FedAvgServer):
         if len(rows) < max(2, opts.num_clusters or 2):
             return  # too few replies to cluster: FedAvg goes on, and the clustering is tried again
         updates = torch.stack(list(rows.values()))  # client-id order
-        labels = hierarchical_clusters(updates, opts.metric, opts.linkage, opts.num_clusters, opts.distance_threshold)
+        points = update_points(updates, opts.metric)
+        labels = hierarchical_clusters(
+            updates, opts.metric, opts.linkage, opts.num_clusters, opts.distance_threshold, points
+        )
         self.labels = [-1] * self.ctx.num_clients
         for cid, label in zip(rows, labels):
             self.labels[cid] = int(label)
         means = cluster_means(updates, labels)
         self.centroids = torch.stack([means[c] for c in range(len(means))])
         self.clusters = [dict(self.weights) for _ in range(int(labels.max()) + 1)]
-        self.view = project_2d(updates)
+        self.view = project_2d(points)  # the same PCA scores as of the updates (rotation, translation)
 
     def train_clusters(self, clients: list[int], comm: Comm) -> None:
         assert self.labels is not None and self.centroids is not None

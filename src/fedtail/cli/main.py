@@ -157,6 +157,11 @@ def run(
         help="clustered methods: the full clustering record (assignment, PCA view) in metrics.jsonl every N "
         "rounds and at the last (default 25); the other rounds log the number of clusters",
     ),
+    client_state: Optional[str] = typer.Option(
+        None,
+        help="memory (default) | disk: keep the clients' state between rounds in one file per client under "
+        "OUT/.client-state (removed at the end) instead of in memory; results are the same",
+    ),
     data_dir: Optional[str] = typer.Option(None, help="folder with the dataset files"),
     set_: list[str] = typer.Option([], "--set", help="KEY=VALUE, e.g. fedprox.mu=0.01 or partition.min_samples=20"),
     config_file: Optional[Path] = typer.Option(None, "--config", help="TOML file with the same keys"),

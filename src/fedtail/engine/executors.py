@@ -12,7 +12,7 @@ import dataclasses
 import time
 from types import MappingProxyType
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 import numpy as np
 import torch
@@ -168,8 +168,8 @@ class SerialExecutor:
     def __init__(self, runtime: ClientRuntime) -> None:
         self.runtime = runtime
 
-    def map(self, tasks: list[Task]) -> Iterator[Result]:
-        for task in tasks:
+    def map(self, tasks: Iterable[Task]) -> Iterator[Result]:
+        for task in tasks:  # taken one at a time: the engine may hand a generator (Simulation.lazily)
             if not task.read_only:
                 # A copy, as the process pool's pickling makes one: a client half that changes its
                 # state in place must not change the engine's copy before the reply is accepted

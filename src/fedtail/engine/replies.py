@@ -186,6 +186,7 @@ class Delivered:
     seconds: float = 0.0  # the client's compute time
     state: Any = None  # the client's state after the call, where the engine holds it (simulator)
     state_nonfinite: str | None = None  # where that state holds NaN / inf, when it is kept elsewhere (Flower nodes)
+    parked: bool = False  # the state waits in the transport's store until the answer is accepted (see Channel._hold)
 
 
 @dataclass
@@ -257,6 +258,11 @@ class Channel:
     def _edge_reduce(self, edge_id: int, replies: dict[int, Message]) -> dict[int, Message]:
         raise NotImplementedError
 
+    def _hold(self, answer: Delivered) -> Delivered:
+        """An answer kept until every answer of the exchange has come (a new schema is learnt from them
+        all): a transport may set its state aside meanwhile (``parked``), so they are not all in memory."""
+        return answer
+
     # -- Comm ------------------------------------------------------------------------------------
     def stream(self, messages: Mapping[int, Message]) -> Iterator[tuple[int, Message]]:
         call = self.calls
@@ -276,7 +282,7 @@ class Channel:
         answers = self._deliver(live, call)
         if not all(self.check.knows(m) for m in live.values()):
             # a new signature: its schema is learnt from all of this exchange's replies
-            answers = list(answers)
+            answers = [self._hold(a) for a in answers]
             self.check.learn([(a.cid, live[a.cid], a.reply) for a in answers])
         accepted = 0
         answered = set()

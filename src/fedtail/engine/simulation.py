@@ -10,6 +10,10 @@ Checkpoints (``checkpoint_every`` rounds): :meth:`Simulation.checkpoint_state` i
 the rounds after it depend on (:mod:`fedtail.engine.checkpoint`); a new simulation given it by
 :meth:`Simulation.restore` continues bit-identically to one that was never stopped.
 
+Client state (``--client-state``): ``client_state`` maps a client id to its ``ctx.state``, in
+memory or on disk (:mod:`fedtail.engine.states`); the tasks of an exchange or an evaluation are
+built one at a time, so a disk store holds only the state of the client being served.
+
 Stage tasks (``--partition stages``, M stages): each round trains one stage task, the clients
 its stage-m data only, and evaluations test the stages trained so far (the client views of the
 executors do that, by round). ``--stage-schedule nested`` (default): rounds of global
@@ -25,9 +29,11 @@ and its classifier); each row then adds ``named[NAME]``, the personalised metric
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping, MutableMapping
 
 import numpy as np
 import torch
@@ -39,8 +45,9 @@ from fedtail.data.base import Dataset
 from fedtail.engine import checkpoint
 from fedtail.engine.context import ServerContext, Workspace, derive_seed, initial_weights, load_weights
 from fedtail.engine.context import BY_STAGE, NAMED
-from fedtail.engine.executors import ClientRuntime, Task, Views, make_executor
+from fedtail.engine.executors import ClientRuntime, SerialExecutor, Task, Views, make_executor
 from fedtail.engine.replies import Channel, Delivered, ReplyCheck, RoundSkipped, nonfinite_at
+from fedtail.engine.states import make_states
 from fedtail.engine.training import evaluate
 from fedtail.errors import ConfigError, RunDiverged
 from fedtail.metrics import Meter, RunRecord, global_metrics, personalized_metrics, stage_metrics
@@ -82,11 +89,10 @@ class SimComm(Channel):
 
     def _deliver(self, messages: dict[int, Message], call: int) -> Iterator[Delivered]:
         sim = self.sim
-        tasks = []
-        for cid, msg in messages.items():
+        for cid in messages:
             if not 0 <= cid < sim.num_clients:
                 raise ValueError(f"message for unknown client {cid}")
-            tasks.append(Task(cid, self.rnd, call, msg, sim.client_state.get(cid, {})))
+        tasks = sim.lazily(Task(cid, self.rnd, call, msg, sim.client_state.get(cid, {})) for cid, msg in messages.items())
         sim.meter.exchanges += 1
         results = sim.executor.map(tasks)
         while True:
@@ -100,8 +106,19 @@ class SimComm(Channel):
             sim.meter.client_task_s += result.seconds
             yield Delivered(result.cid, result.reply, result.seconds, result.state, result.state_nonfinite)
 
+    def _hold(self, answer: Delivered) -> Delivered:
+        store = self.sim.client_state
+        if answer.state is None or not hasattr(store, "park"):
+            return answer
+        # a disk store keeps the state as pending until the answer is accepted: memory holds the replies only
+        where = nonfinite_at(answer.state)
+        store.park(answer.cid, answer.state)
+        return dataclasses.replace(answer, state=None, state_nonfinite=where, parked=True)
+
     def _accept(self, answer: Delivered) -> None:
-        if answer.state is not None:  # None: the state stays where the client ran (a Flower node)
+        if answer.parked:
+            self.sim.client_state.unpark(answer.cid)
+        elif answer.state is not None:  # None: the state stays where the client ran (a Flower node)
             self.sim.client_state[answer.cid] = answer.state
         self.sim.executor.commit(answer.cid)
 
@@ -119,14 +136,19 @@ class Simulation:
     on_eval: Callable[[dict[str, Any]], None] | None = None
     on_round: Callable[[int, dict[str, Any] | None], None] | None = None
     meter: Meter = field(default_factory=Meter)
-    client_state: dict[int, dict[str, Any]] = field(default_factory=dict)
+    # client id -> the client's ctx.state; None: the store --client-state names (engine/states.py)
+    client_state: MutableMapping[int, dict[str, Any]] | None = None
     # called with checkpoint_state() after every checkpoint_every-th round (not after the last)
     on_checkpoint: Callable[[dict[str, Any]], None] | None = None
     # builds the executor from the simulation (a Flower deployment's); None: serial or a process pool
     executor_factory: Callable[["Simulation"], Any] | None = None
+    # the run folder, where --client-state disk keeps its files (None: a temporary folder)
+    run_dir: Path | None = None
 
     def __post_init__(self) -> None:
         config = self.config
+        if self.client_state is None:
+            self.client_state = make_states(config.client_state, self.run_dir)
         torch.set_num_threads(config.threads)
         self.num_clients = len(self.partition.clients)
         self.spec = components.algorithm(config.algorithm)
@@ -175,7 +197,17 @@ class Simulation:
                     self.on_round(rnd, row)
         finally:
             self.executor.close()
+            close = getattr(self.client_state, "close", None)
+            if close is not None:  # a disk store's folder goes with the run
+                close()
         return self.record.summary(self.meter, time.perf_counter() - start, config.rounds)
+
+    def lazily(self, tasks: Iterator[Task]) -> Iterator[Task] | list[Task]:
+        """``tasks`` as the executor takes them: built one at a time for the engine's in-process
+        executor, so a disk store (--client-state disk) holds one client's state in memory; a list for
+        the others (a process pool reads its input from another thread, which must not call into the
+        server half; an executor given by ``executor_factory`` is promised a list)."""
+        return tasks if type(self.executor) is SerialExecutor else list(tasks)
 
     def diverged_summary(self, err: RunDiverged) -> dict[str, Any]:
         """``summary.json`` of a run that :meth:`run` stopped with ``err``."""
@@ -210,7 +242,9 @@ class Simulation:
         dec = checkpoint.decode
         self.server.load_state_dict(dec(state["server"]))
         self.edge.load_state_dict(dec(state["edge"]))
-        self.client_state = {int(cid): dec(s) for cid, s in state["clients"].items()}
+        self.client_state.clear()
+        for cid, s in state["clients"].items():
+            self.client_state[int(cid)] = dec(s)
         self.meter = Meter(**state["meter"])
         self.record.rows = dec(state["rows"])
         self.round_logs = dec(state["round_logs"])
@@ -259,10 +293,10 @@ class Simulation:
         start = time.perf_counter()
         config = self.config
         cids = list(range(self.num_clients))
-        tasks = [
+        tasks = self.lazily(
             Task(cid, rnd, EVAL_CALL, self.server.evaluation_message(cid), self.client_state.get(cid, {}), read_only=True)
             for cid in cids
-        ]
+        )
         # A process pool starts on the client tasks at once, so the global evaluation below
         # overlaps with them; results are read afterwards, in client order.
         results = self.executor.map(tasks)

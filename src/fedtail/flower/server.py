@@ -131,6 +131,7 @@ class GridExecutor:
         """Send the tasks now (one message per node); the results come, in client-id order, when iterated."""
         from flwr.app import ConfigRecord, Message, RecordDict
 
+        tasks = list(tasks)  # read twice below (the simulator may hand a generator)
         self.refresh()
         by_node: dict[int, list[Task]] = {}
         for task in tasks:

@@ -17,7 +17,7 @@ from typing import Any
 
 CHECKPOINT = "checkpoint.pt"
 CHECKPOINT_INFO = "checkpoint.json"
-IGNORED_KEYS = ("workers", "checkpoint_every", "log_clustering_every")  # config keys that do not change results
+IGNORED_KEYS = ("workers", "checkpoint_every", "log_clustering_every", "client_state")  # config keys that do not change results
 
 
 def _clean(value: Any) -> Any:

@@ -11,7 +11,14 @@ prefer the worst partitions. k-means needs points, not a similarity: with unit v
 
     e_i = [√α · Δw_i/‖Δw_i‖,  √(1−α) · M_i/‖M_i‖]   gives   ‖e_i − e_j‖² = 2·(1 − Dist(i, j)),
 
-so k-means on e_i clusters by exactly the paper's similarity. κ is the value in
+so k-means on e_i clusters by exactly the paper's similarity. The e_i have the model's
+dimension d (plus the map's); k-means runs instead on n coordinates p_i with p_i·p_j = e_i·e_j
+= Dist(i, j), from the eigendecomposition of the n×n matrix Dist (Y = U·Λ^{1/2}), whose entries
+come from the Gram matrices of the updates and of the maps: the same problem exactly, since
+k-means++ draws, Lloyd's means and the silhouettes depend on the points only through their
+distances (``clustering.gram_coordinates``). That is one n×n×d product instead of 50 k-means
+runs over d-dimensional points: 60 s → 1.7 s for 1,000 clients of 100,000 parameters
+(``benchmarks/RESULTS.md``, "Server work at cross-device scale"). κ is the value in
 [κ_min, κ_max] with the largest mean silhouette (scikit-learn's, which scores singletons 0
 as Eq. 11 does), or fixed (Table V). Inside cluster C_l every client gets
 
@@ -30,33 +37,51 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from sklearn.cluster import KMeans
-from sklearn.decomposition import PCA
 from sklearn.metrics import silhouette_score
 
 from fedtail.algorithms.base import Tensors
+from fedtail.algorithms.clustering import gram, gram_coordinates, kmeans, project_gram, server_threads
 
 
-def _unit_rows(x: torch.Tensor) -> torch.Tensor:
-    norms = x.norm(dim=1, keepdim=True)
-    return x / norms.clamp_min(1e-12)
+def _cosines(rows: torch.Tensor) -> np.ndarray:
+    """cos(x_i, x_j) of every pair of rows, from their Gram matrix (a zero row has cosine 0)."""
+    g = gram(rows)
+    norms = np.sqrt(np.clip(np.diag(g), 0.0, None))
+    return g / np.maximum(np.outer(norms, norms), 1e-24)
 
 
-def embedding(deltas: torch.Tensor, maps: torch.Tensor | None, alpha: float) -> np.ndarray:
-    """Points whose squared distances are 2·(1 − Dist): rows are clients (float64)."""
-    deltas = deltas.to(torch.float64)
-    parts = [alpha**0.5 * _unit_rows(deltas)]
+@dataclass
+class Embedding:
+    """The clients' e_i, held as what k-means and the silhouette need of them.
+
+    ``similarity`` is Dist (Eq. 8), i.e. e_i·e_j; ``points`` are n coordinates p_i with
+    p_i·p_j = Dist(i, j) (so ‖p_i − p_j‖² = 2·(1 − Dist)); ``dim`` is the dimension of the e_i,
+    for k-means' tolerance (``clustering.kmeans``).
+    """
+
+    similarity: np.ndarray
+    points: np.ndarray
+    dim: int
+
+
+def embedding(deltas: torch.Tensor, maps: torch.Tensor | None, alpha: float) -> Embedding:
+    """The e_i of the module docstring (rows of ``deltas`` and ``maps`` are clients), via Gram matrices."""
+    if deltas.dim() != 2:
+        raise ValueError(f"ACMU needs one flat update per client (a 2-D tensor), got shape {tuple(deltas.shape)}")
+    dist = _cosines(deltas)
+    dim = deltas.shape[1]
     if maps is not None and maps.shape[1] > 0 and alpha < 1:
-        parts.append((1 - alpha) ** 0.5 * _unit_rows(maps.to(torch.float64)))
-    elif alpha < 1:
-        # Without maps (BAVD off) the similarity is the update term alone.
-        parts = [_unit_rows(deltas)]
-    return torch.cat(parts, dim=1).numpy()
+        if len(maps) != len(deltas):
+            raise ValueError(f"ACMU got {len(deltas)} updates but {len(maps)} activation maps")
+        dist = alpha * dist + (1 - alpha) * _cosines(maps)
+        dim += maps.shape[1]
+    # Without maps (BAVD off) the similarity is the update term alone.
+    return Embedding(dist, gram_coordinates(dist), dim)
 
 
-def similarity(points: np.ndarray) -> np.ndarray:
-    """Dist(i, j) of Eq. 8 recovered from the embedding (its Gram matrix)."""
-    return points @ points.T
+def similarity(points: Embedding) -> np.ndarray:
+    """Dist(i, j) of Eq. 8 (the Gram matrix of the e_i)."""
+    return points.similarity
 
 
 @dataclass
@@ -68,19 +93,27 @@ class Clustering:
 
 
 def cluster_clients(
-    points: np.ndarray, *, kappa: int | None, kappa_min: int, kappa_max: int, seed: int
+    points: Embedding, *, kappa: int | None, kappa_min: int, kappa_max: int, seed: int
 ) -> Clustering:
-    """k-means for each κ in range (or the fixed κ); keep the κ with the best silhouette."""
-    n = len(points)
-    distance = np.clip(2.0 - 2.0 * similarity(points), 0.0, None) / 2.0  # = 1 − Dist
+    """k-means for each κ in range (or the fixed κ); keep the κ with the best silhouette.
+
+    k-means runs on ``points.points`` (n coordinates standing for the e_i exactly): the same
+    partitions as k-means on the e_i themselves, with the same labels unless a decision falls
+    within rounding (see ``clustering.kmeans``).
+    """
+    n = len(points.points)
+    distance = np.clip(1.0 - similarity(points), 0.0, None)  # = 1 − Dist
     np.fill_diagonal(distance, 0.0)
 
     def run(k: int) -> np.ndarray:
-        return KMeans(n_clusters=k, n_init=10, random_state=seed).fit_predict(points)
+        return kmeans(points.points, k, seed, n_init=10, dim=points.dim).labels_
 
     def score(labels: np.ndarray) -> float:
         k = len(np.unique(labels))
-        return float(silhouette_score(distance, labels, metric="precomputed")) if 2 <= k <= n - 1 else 0.0
+        if not 2 <= k <= n - 1:
+            return 0.0
+        with server_threads():
+            return float(silhouette_score(distance, labels, metric="precomputed"))
 
     if kappa is not None:
         k = min(kappa, n)
@@ -103,23 +136,22 @@ def cluster_clients(
     return Clustering(best[2], best[1], best[0], scores)
 
 
-def project_2d(points: np.ndarray) -> np.ndarray:
-    """A 2-D PCA view of the clients' points (for the report's Fig. 10-style scatter)."""
-    if len(points) < 2:
-        return np.zeros((len(points), 2))
-    out = PCA(n_components=min(2, len(points)), random_state=0).fit_transform(points)
-    return np.pad(out, ((0, 0), (0, 2 - out.shape[1])))
+def project_2d(points: Embedding) -> np.ndarray:
+    """A 2-D PCA view of the clients' e_i (for the report's Fig. 10-style scatter), from Dist."""
+    return project_gram(points.similarity)
 
 
 def cluster_update(weights: list[Tensors], deltas: list[Tensors], labels: np.ndarray) -> list[Tensors]:
-    """Eq. 14: w̃_i = (w_i − Δw_i) + mean of Δw over i's cluster."""
+    """Eq. 14: w̃_i = (w_i − Δw_i) + mean of Δw over i's cluster (running float64 sums per cluster)."""
     out: list[Tensors] = []
     means: dict[int, Tensors] = {}
     for label in np.unique(labels):
-        members = [deltas[i] for i in np.flatnonzero(labels == label)]
-        means[int(label)] = {
-            k: torch.stack([d[k].to(torch.float64) for d in members]).mean(0) for k in members[0]
-        }
+        members = np.flatnonzero(labels == label)
+        total = {k: v.to(torch.float64, copy=True) for k, v in deltas[members[0]].items()}
+        for i in members[1:]:
+            for k, v in deltas[i].items():
+                total[k] += v
+        means[int(label)] = {k: v / len(members) for k, v in total.items()}
     for w, d, label in zip(weights, deltas, labels):
         mean = means[int(label)]
         out.append({k: (w[k].to(torch.float64) - d[k].to(torch.float64) + mean[k]).to(w[k].dtype) for k in w})
