@@ -102,7 +102,9 @@ def test_the_report_reads_the_full_records_only(tmp_path):
     md = tmp_path / "R.md"
     res = invoke("report", result.out, "--out", md)
     assert res.exit_code == 0, res.output
-    assert len(list(tmp_path.glob("R-acmu-*.png"))) == 1  # the scatter, from the full records
+    scatters = [p for p in tmp_path.glob("R-clusters-*.png") if p.name != "R-clusters-per-round.png"]
+    assert len(scatters) == 1  # the scatter, from the full records
+    assert (tmp_path / "R-clusters-per-round.png").is_file()  # K of every round
 
 
 def test_mupfl_logs_kappa_every_round_and_the_assignment_in_full_records():
