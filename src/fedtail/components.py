@@ -229,15 +229,20 @@ def apply_reference(raw: dict[str, Any]) -> None:
         for key, value in ref.options.items():
             options.setdefault(key, value)
         # every option explicit: a stored config.json keeps meaning what ran when a default changes
-        for key, value in spec.config.model_fields.items():
-            if not value.is_required():
-                options.setdefault(key, _json_default(value.get_default(call_default_factory=True)))
+        raw["options"] = _complete(spec, options)
 
 
-def _json_default(value: Any) -> Any:
-    from pydantic import TypeAdapter
+def _complete(spec: Any, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` with every other option of ``spec`` as its validated config holds it (validators
+    included: e.g. FL+HC's num_clusters is none when a distance threshold is set); unchanged when
+    the options do not validate (the config check reports that)."""
+    from pydantic import ValidationError
 
-    return TypeAdapter(Any).dump_python(value, mode="json")
+    try:
+        full = spec.config(**options).model_dump(mode="json")
+    except (ValidationError, TypeError):
+        return options
+    return {**full, **options}
 
 
 def resolved_options(config: dict[str, Any]) -> dict[str, Any]:
@@ -253,13 +258,10 @@ def resolved_options(config: dict[str, Any]) -> dict[str, Any]:
         spec = algorithm(str(config.get("algorithm", "fedavg")))
     except ConfigError:
         return config
-    filled = {"options": dict(config.get("options") or {})}
+    options = dict(config.get("options") or {})
     for key, value in spec.reference.options.items():
-        filled["options"].setdefault(key, value)
-    for key, value in spec.config.model_fields.items():
-        if not value.is_required():
-            filled["options"].setdefault(key, _json_default(value.get_default(call_default_factory=True)))
-    return config | filled
+        options.setdefault(key, value)
+    return config | {"options": _complete(spec, options)}
 
 
 def build_config(
