@@ -74,10 +74,10 @@ after aggregation, which the text above argues for, were validated against them 
 runs' budget (``benchmarks/mupfl/validation2_fmnist.toml``: 40 rounds of the Table II protocol,
 α 0.5, IF 10, each client's held-out 15 %, personalised accuracy at round 40): global-start +
 before-local **87.94 %**, global-start + after-aggregation 87.26 %, personal + before-local
-84.28 %, personal + after-aggregation 82.31 %. The personal reading loses 3.7–5 points: a
-client that starts from its own model, trained on its own long tail for 10 epochs a round, and
-moves only by its cluster's mean update, keeps its bias, where the global start hands every
-participant the knowledge of all clients each round. PKCF after aggregation loses 0.7 points
+84.28 %, personal + after-aggregation 82.31 %. The personal reading loses 3.7–5 points (a
+likely reason, not measured separately: a client that starts from its own model and moves only
+by its cluster's mean update keeps its own long tail's bias, where the global start hands every
+participant what all clients learnt). PKCF after aggregation loses 0.7 points
 under the global start (and 2 under the personal reading). Both stay as options.
 
 Missing replies (``--dropout``, rejected replies): each edge clusters and reduces the replies it
