@@ -166,3 +166,18 @@ def test_stage_reference_errors(tmp_path):
         ref.write_text(content)
         res = invoke("report", root, "--out", tmp_path / "R.md", "--reference", ref)
         assert res.exit_code != 0 and needle in res.output, res.output
+
+
+def test_a_compressed_metrics_record_is_read_like_the_plain_one(tmp_path):
+    import gzip
+
+    root = tmp_path / "runs"
+    curve_run(root / "s" / "m" / "seed0", [0.5, 0.81, 0.92])
+    plain = root / "s" / "m" / "seed0" / "metrics.jsonl"
+    expected = collect([root]).runs[0].metrics()
+    (plain.parent / "metrics.jsonl.gz").write_bytes(gzip.compress(plain.read_bytes()))
+    plain.unlink()
+    assert collect([root]).runs[0].metrics() == expected
+    md = tmp_path / "R.md"
+    assert invoke("report", root, "--out", md, "--rounds-to", 90).exit_code == 0
+    assert "| m | 3 (1 seed) |" in md.read_text()

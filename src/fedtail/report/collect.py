@@ -14,6 +14,7 @@ that accuracy's numbers, so a table has a row per named accuracy (GLDP-GP and GL
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 from dataclasses import dataclass, field, replace
@@ -46,11 +47,14 @@ class Run:
         return self.summary is not None and not self.stale
 
     def metrics(self) -> list[dict[str, Any]]:
-        """Rows of ``metrics.jsonl`` (unreadable lines are skipped)."""
+        """Rows of ``metrics.jsonl``, or of ``metrics.jsonl.gz`` where a large record was committed
+        compressed (the repository keeps files under 1 MB); unreadable lines are skipped."""
         if self._metrics is None:
             rows: list[dict[str, Any]] = []
+            plain, packed = self.dir / "metrics.jsonl", self.dir / "metrics.jsonl.gz"
             try:
-                for line in (self.dir / "metrics.jsonl").read_text().splitlines():
+                text = plain.read_text() if plain.exists() or not packed.exists() else gzip.decompress(packed.read_bytes()).decode()
+                for line in text.splitlines():
                     try:
                         row = json.loads(line)
                     except ValueError:
