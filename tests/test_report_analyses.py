@@ -181,3 +181,42 @@ def test_a_compressed_metrics_record_is_read_like_the_plain_one(tmp_path):
     md = tmp_path / "R.md"
     assert invoke("report", root, "--out", md, "--rounds-to", 90).exit_code == 0
     assert "| m | 3 (1 seed) |" in md.read_text()
+
+
+def ccp_log(end: int | None, rounds: int) -> dict[int, list[dict]]:
+    """FedReMa's rounds logs: MDS through round ``end`` (its record says ``ended``), G after it."""
+    log = {}
+    for r in range(1, rounds + 1):
+        if end is None or r < end:
+            rec = {"ccp": True, "ccp_rounds": r, "ratio": 0.9, "ended": False}
+        elif r == end:
+            rec = {"ccp": True, "ccp_rounds": r, "ratio": 0.1, "ended": True}
+        else:
+            rec = {"ccp": False, "ccp_rounds": end}
+        log[r] = [{"round": r, "fedrema": rec}]
+    return log
+
+
+def test_ccp_table_gives_the_length_of_fedremas_critical_period(tmp_path):
+    root = tmp_path / "runs"
+    accs = [0.5, 0.6, 0.7, 0.8, 0.8, 0.8]
+    curve_run(root / "s" / "fedrema" / "seed0", accs, seed=0, algorithm="fedrema", rounds_log=ccp_log(2, 6))
+    curve_run(root / "s" / "fedrema" / "seed1", accs, seed=1, algorithm="fedrema", rounds_log=ccp_log(4, 6))
+    curve_run(root / "s" / "fedrema-d0.1" / "seed0", accs, seed=0, algorithm="fedrema", options={"delta": 0.1},
+              rounds_log=ccp_log(None, 6))  # fmt: skip
+    curve_run(root / "s" / "fedavg" / "seed0", accs, seed=0, algorithm="fedavg")
+    md = tmp_path / "R.md"
+    res = invoke("report", root, "--out", md)
+    assert res.exit_code == 0, res.output
+    rows = table(md.read_text(), "Critical co-learning period (FedReMa)")
+    assert rows["fedrema"]["s"] == "3.0 ± 1.4 (2 seeds)"  # CCPs of 2 and 4 rounds
+    assert rows["fedrema-d0.1"]["s"] == "> 6 (did not end: 1 seed)"
+    assert "fedavg" not in rows  # no FedReMa records, no row
+
+
+def test_no_ccp_table_without_fedrema_runs(tmp_path):
+    root = tmp_path / "runs"
+    curve_run(root / "s" / "fedavg" / "seed0", [0.5, 0.6])
+    md = tmp_path / "R.md"
+    assert invoke("report", root, "--out", md).exit_code == 0
+    assert "Critical co-learning period" not in md.read_text()

@@ -11,6 +11,8 @@
 * :func:`cluster_counts` / :func:`plot_cluster_counts`: the number of clusters per round of the
   clustered methods (FedAC's CNT, MuPFL's κ), from the ``clustering`` / ``acmu`` entries of the
   ``rounds_log`` in ``metrics.jsonl``, which are logged every round.
+* :func:`ccp_length` / :func:`ccp_table`: how many rounds FedReMa's critical co-learning period
+  lasted (its Table 3), from the ``fedrema`` entries of the ``rounds_log``.
 """
 
 from __future__ import annotations
@@ -286,3 +288,63 @@ def plot_cluster_counts(col: Collection, path: Path) -> bool:
     fig.savefig(path, bbox_inches="tight")
     plt.close(fig)
     return True
+
+
+# ---------------------------------------------------------------------------------------------
+# FedReMa's critical co-learning period
+
+
+@dataclass
+class CCP:
+    rounds: int  # rounds aggregated by MDS (the CCP's length once it has ended)
+    ended: bool  # the CCP ended within the run (False: it outlasted the run, or the run had no CCP end)
+    run_rounds: int  # rounds the run logged
+
+
+def ccp_length(run: Run) -> CCP | None:
+    """The CCP of a FedReMa run: the ``fedrema`` records of ``metrics.jsonl``'s rounds logs and of
+    ``summary.json``'s (rounds after the last evaluation); None for a run without them. A record
+    says ``ccp`` (that round aggregated by MDS), ``ccp_rounds`` (MDS rounds so far) and, in the
+    round the CCP ends, ``ended``; after it, ``ccp`` is false."""
+    entries = [e for row in run.metrics() for e in row.get("rounds_log") or []]
+    entries += list((run.summary or {}).get("rounds_log") or [])
+    by_round: dict[int, dict[str, Any]] = {}
+    for entry in entries:
+        if isinstance(entry, dict) and isinstance(entry.get("round"), int) and isinstance(entry.get("fedrema"), dict):
+            by_round[entry["round"]] = entry["fedrema"]
+    if not by_round:
+        return None
+    records = [by_round[r] for r in sorted(by_round)]
+    ended = any(rec.get("ended") or rec.get("ccp") is False for rec in records)
+    length = records[-1].get("ccp_rounds")
+    if not isinstance(length, int):
+        return None
+    return CCP(rounds=length, ended=ended, run_rounds=max(by_round))
+
+
+def ccp_text(runs: list[Run]) -> str | None:
+    """A cell: the CCP's length in rounds, mean ± std over the seeds whose CCP ended, and how many
+    outlasted the run ("> R"); None when no run of the cell has FedReMa's records."""
+    found = [c for c in (ccp_length(r) for r in runs) if c is not None]
+    if not found:
+        return None
+    ended = [c.rounds for c in found if c.ended]
+    open_ = [c for c in found if not c.ended]
+    parts = []
+    if ended:
+        text = str(ended[0]) if len(ended) == 1 else f"{statistics.fmean(ended):.1f} ± {statistics.stdev(ended):.1f}"
+        parts.append(f"{text} ({len(ended)} seed{'s' * (len(ended) > 1)})")
+    if open_:
+        longest = max(c.run_rounds for c in open_)
+        parts.append(f"> {longest} (did not end: {len(open_)} seed{'s' * (len(open_) > 1)})")
+    return "; ".join(parts)
+
+
+def ccp_table(col: Collection) -> str | None:
+    """Methods with FedReMa records × settings: the CCP's length; None when no method has them."""
+    cells = {(m, s): ccp_text(col.finished(s, m)) for m in col.methods for s in col.settings}
+    methods = [m for m in col.methods if any(cells[m, s] is not None for s in col.settings)]
+    if not methods:
+        return None
+    rows = [[m] + [cells[m, s] or DASH for s in col.settings] for m in methods]
+    return markdown_table(["method"] + list(col.settings), rows)

@@ -14,6 +14,7 @@ from typing import Any, Sequence
 
 from fedtail.report.analyses import (
     Sensitivity,
+    ccp_table,
     check_levels,
     plot_cluster_counts,
     plot_sensitivity,
@@ -238,6 +239,24 @@ def rounds_to_block(col: Collection, levels: Sequence[float], level: int = 2) ->
         "“k of n seeds” when some never do, “not reached (R rounds)” when none does within the run's R rounds.",
         "",
         rounds_to_table(col, levels),
+        "",
+    ]
+
+
+def ccp_block(col: Collection, level: int = 2) -> list[str]:
+    """FedReMa's critical co-learning period: its length per method and setting (its Table 3)."""
+    table = ccp_table(col)
+    if table is None:
+        return []
+    return [
+        f"{'#' * level} Critical co-learning period (FedReMa)",
+        "",
+        "Rounds aggregated by MDS before the CCP ended (Eq. 9's ratio fell below δ; from then on heads "
+        "are aggregated by the history of choices G), from the `fedrema` entries of the rounds' logs: "
+        "mean ± std over the seeds whose CCP ended; “> R (did not end)” counts the seeds whose CCP "
+        "outlasted their R rounds (a run with `ccp = false` never ends it). Wall time is in the costs table.",
+        "",
+        table,
         "",
     ]
 

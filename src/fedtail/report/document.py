@@ -22,6 +22,7 @@ from fedtail.report.blocks import (
     acmu_figure,
     acmu_run,
     cells_note,
+    ccp_block,
     cluster_count_figure,
     rounds_to_block,
     scatter_stem,
@@ -101,7 +102,7 @@ def write_report(
                 figures.append(fig)
     result.plots = [p for _, p in figures]
 
-    analyses = rounds_to_block(col, rounds_to) + sensitivity_block(col, groups)
+    analyses = rounds_to_block(col, rounds_to) + sensitivity_block(col, groups) + ccp_block(col)
     text = _markdown(col, reference, paths, out, figures, title, command, report_command, result.warnings, analyses)
     out.write_text(text)
     return result

@@ -33,6 +33,7 @@ from fedtail.report.blocks import (
     acmu_figure,
     acmu_run,
     cells_note,
+    ccp_block,
     cluster_count_figure,
     rounds_to_block,
     scatter_stem,
@@ -257,6 +258,7 @@ def _markdown(
         md += accuracy_blocks(sec.col, reference.for_section(sec.file.stem) if reference else None, level=3)
         md += rounds_to_block(sec.col, rounds_to, level=3)
         md += sensitivity_block(sec.col, sensitivity_groups(sec.col), level=3)
+        md += ccp_block(sec.col, level=3)
         md += incomplete_block(sec.col, level=3)
         md += figures_block(figures, out, level=3, notes=notes)
 
