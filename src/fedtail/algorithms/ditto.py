@@ -13,6 +13,8 @@ clients never sampled are evaluated with the current global model.
 
 Default λ = 1 (*interpretation*): the paper picks λ per device on validation data from {0.1, 1, 2}
 outside strong attacks, and uses the fixed λ = 1 there when a device has too few validation samples.
+A benchmark chooses λ on its own validation data and names it in its sweep file (MuPFL's Table II
+uses 10; docs/defaults.md lists every such setting).
 
 Missing replies (``--dropout``, rejected replies): the global model is FedAvg's mean of the
 replies that arrived; a client that did not reply keeps its personal model v_k unchanged.
