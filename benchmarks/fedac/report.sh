@@ -1,7 +1,16 @@
 #!/usr/bin/env bash
-# Regenerates benchmarks/fedac/PROBE.md and VALIDATION.md (and their plots) from the run folders.
+# Regenerates benchmarks/fedac/RESULTS.md (Table 1, the paper's CIFAR-10 numbers beside it as the
+# ordering to compare; Figure 4's mu / lambda curves and the CNT figure from the 1000-round
+# validation runs, on validation data), PROBE.md, VALIDATION.md and VALIDATION1000.md (and their plots) from the run folders.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+.venv/bin/fedtail report \
+  --sweep benchmarks/fedac/table1_fmnist.toml \
+  --sweep benchmarks/fedac/validation1000_fmnist.toml \
+  --reference benchmarks/fedac/paper_cifar10.toml \
+  --out benchmarks/fedac/RESULTS.md \
+  --title "FedAC and its Table 1 baselines on Fashion-MNIST" \
+  --command "fedtail sweep benchmarks/fedac/table1_fmnist.toml"
 .venv/bin/fedtail report \
   --sweep benchmarks/fedac/probe_fmnist.toml \
   --out benchmarks/fedac/PROBE.md \
