@@ -173,7 +173,6 @@ def ccp_check(mean_gap: float, max_gap: float, delta: float) -> tuple[bool, floa
 class FedReMaServer(ServerHalf):
     def __init__(self, ctx: ServerContext) -> None:
         super().__init__(ctx)
-        opts: FedReMaConfig = ctx.options
         model = ctx.model()
         self.body_keys = model.body_keys()
         self.head_keys = model.head_keys()

@@ -5,7 +5,6 @@ Parsing, folder status, the lock, ``sweep.json`` and the subprocesses are :mod:`
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shlex

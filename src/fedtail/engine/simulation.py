@@ -33,7 +33,7 @@ import dataclasses
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, MutableMapping
+from typing import Any, Callable, Iterator, MutableMapping
 
 import numpy as np
 import torch

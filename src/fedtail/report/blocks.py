@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from datetime import date
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from fedtail.report.analyses import (
     Sensitivity,
@@ -288,3 +288,45 @@ def cluster_count_figure(col: Collection, png: Path) -> Figure | None:
         return None
     return ("Number of clusters per round of the clustered methods (FedAC's CNT, MuPFL's κ; first seed of each "
             "cell), from the `clustering` / `acmu` entries logged every round.", png)  # fmt: skip
+
+
+def collection_figures(
+    col: Collection,
+    groups: list[Sensitivity],
+    curve_png: Callable[[str], Path],
+    scatter_png: Callable[[str], Path],
+    shown: dict[Path, str] | None = None,
+    heading: str = "",
+) -> tuple[list[Figure], list[str]]:
+    """Every figure of one collection and the notes that go with them.
+
+    Curves first (``curve_png`` names ``accuracy``, ``participants``, ``sensitivity`` and
+    ``clusters-per-round``), then one cluster scatter per cell (``scatter_png`` names
+    ``{scatter_stem}-{setting}-{method}``). ``shown`` (resolved run folder -> heading) lets a document
+    with several sections draw a run's scatter once: a later section gets a note instead.
+    """
+    figures: list[Figure] = []
+    notes: list[str] = []
+    for fig in (
+        accuracy_figure(col, curve_png("accuracy")),
+        participants_figure(col, curve_png("participants")),
+        sensitivity_figure(col, groups, curve_png("sensitivity")),
+        cluster_count_figure(col, curve_png("clusters-per-round")),
+    ):
+        if fig:
+            figures.append(fig)
+    for s in col.settings:
+        for m in col.methods:
+            run = acmu_run(col, s, m)
+            if run is None:
+                continue
+            key = run.dir.resolve()
+            if shown is not None and key in shown:
+                notes.append(f"ACMU clustering of `{s}` / `{m}` / seed {run.seed}: shown under “{shown[key]}”.")
+                continue
+            fig = acmu_figure(run, s, m, scatter_png(f"{scatter_stem(run)}-{slug(s)}-{slug(m)}"))
+            if fig:
+                figures.append(fig)
+                if shown is not None:
+                    shown[key] = heading
+    return figures, notes

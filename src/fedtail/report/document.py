@@ -17,23 +17,16 @@ from fedtail.report.blocks import (
     GENERATED,
     Figure,
     accuracy_blocks,
-    accuracy_figure,
-    participants_figure,
-    acmu_figure,
-    acmu_run,
-    cells_note,
     ccp_block,
-    cluster_count_figure,
-    rounds_to_block,
-    scatter_stem,
-    sensitivity_block,
-    sensitivity_figure,
-    eval_splits,
+    cells_note,
+    collection_figures,
     costs_block,
+    eval_splits,
     figures_block,
     header_lines,
     incomplete_block,
-    slug,
+    rounds_to_block,
+    sensitivity_block,
     warnings_block,
 )
 from fedtail.report.analyses import check_levels, sensitivity_groups
@@ -78,28 +71,10 @@ def write_report(
     result = ReportResult(out, warnings=list(col.warnings), collection=col)
     out.parent.mkdir(parents=True, exist_ok=True)
 
-    figures: list[Figure] = []
-    acc = accuracy_figure(col, out.with_name(f"{out.stem}-accuracy.png"))
-    if acc:
-        figures.append(acc)
-    part = participants_figure(col, out.with_name(f"{out.stem}-participants.png"))
-    if part:
-        figures.append(part)
     groups = sensitivity_groups(col)
-    sens = sensitivity_figure(col, groups, out.with_name(f"{out.stem}-sensitivity.png"))
-    if sens:
-        figures.append(sens)
-    counts = cluster_count_figure(col, out.with_name(f"{out.stem}-clusters-per-round.png"))
-    if counts:
-        figures.append(counts)
-    for s in col.settings:
-        for m in col.methods:
-            run = acmu_run(col, s, m)
-            if run is None:
-                continue
-            fig = acmu_figure(run, s, m, out.with_name(f"{out.stem}-{scatter_stem(run)}-{slug(s)}-{slug(m)}.png"))
-            if fig:
-                figures.append(fig)
+    figures, _ = collection_figures(
+        col, groups, lambda what: out.with_name(f"{out.stem}-{what}.png"), lambda stem: out.with_name(f"{out.stem}-{stem}.png")
+    )
     result.plots = [p for _, p in figures]
 
     analyses = rounds_to_block(col, rounds_to) + sensitivity_block(col, groups) + ccp_block(col)

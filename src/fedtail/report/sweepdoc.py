@@ -28,22 +28,16 @@ from fedtail.report.blocks import (
     GENERATED,
     Figure,
     accuracy_blocks,
-    accuracy_figure,
-    participants_figure,
-    acmu_figure,
-    acmu_run,
-    cells_note,
     ccp_block,
-    cluster_count_figure,
-    rounds_to_block,
-    scatter_stem,
-    sensitivity_block,
-    sensitivity_figure,
-    eval_splits,
+    cells_note,
+    collection_figures,
     costs_block,
+    eval_splits,
     figures_block,
     header_lines,
     incomplete_block,
+    rounds_to_block,
+    sensitivity_block,
     slug,
     warnings_block,
 )
@@ -183,34 +177,12 @@ def write_sweep_report(
     shown: dict[Path, str] = {}  # resolved run folder -> heading of the section showing its ACMU scatter
     per_section: list[tuple[list[Figure], list[str]]] = []
     for sec in sections:
-        figures: list[Figure] = []
-        notes: list[str] = []
-        acc = accuracy_figure(sec.col, names.take(f"accuracy-{slug(sec.file.stem)}"))
-        if acc:
-            figures.append(acc)
-        part = participants_figure(sec.col, names.take(f"participants-{slug(sec.file.stem)}"))
-        if part:
-            figures.append(part)
-        sens = sensitivity_figure(sec.col, sensitivity_groups(sec.col), names.take(f"sensitivity-{slug(sec.file.stem)}"))
-        if sens:
-            figures.append(sens)
-        counts = cluster_count_figure(sec.col, names.take(f"clusters-per-round-{slug(sec.file.stem)}"))
-        if counts:
-            figures.append(counts)
-        for s in sec.col.settings:
-            for m in sec.col.methods:
-                run = acmu_run(sec.col, s, m)
-                if run is None:
-                    continue
-                key = run.dir.resolve()
-                if key in shown:
-                    notes.append(f"ACMU clustering of `{s}` / `{m}` / seed {run.seed}: shown under “{shown[key]}”.")
-                    continue
-                fig = acmu_figure(run, s, m, names.take(f"{scatter_stem(run)}-{slug(s)}-{slug(m)}"))
-                if fig:
-                    figures.append(fig)
-                    shown[key] = sec.name
-        per_section.append((figures, notes))
+        stem = slug(sec.file.stem)
+        per_section.append(
+            collection_figures(
+                sec.col, sensitivity_groups(sec.col), lambda what: names.take(f"{what}-{stem}"), names.take, shown, sec.name
+            )
+        )
 
     text = _markdown(sections, per_section, reference, out, title, command, report_command, warnings, rounds_to)
     out.write_text(text)
