@@ -10,6 +10,7 @@ cd "$(dirname "$0")/../.."
   --title "GLDP (STHFL) and baselines on Fashion-MNIST: Tables 1-4 and Figures 3-4 analogues"
 .venv/bin/fedtail report \
   --sweep benchmarks/gldp/validation_fmnist.toml \
+  --sweep benchmarks/gldp/validation_spatial_fmnist.toml \
   --out benchmarks/gldp/VALIDATION.md \
   --title "GLDP and baselines on Fashion-MNIST: validation runs for the open hyperparameters"
 .venv/bin/fedtail report \
