@@ -11,7 +11,7 @@ cd "$(dirname "$0")/../.."
   --out benchmarks/fedrema/RESULTS.md \
   --title "FedReMa and its baselines on Fashion-MNIST: Tables 1, 3 and 5"
 .venv/bin/fedtail report \
-  --sweep benchmarks/fedrema/validation_fmnist.toml \
+  --sweep benchmarks/fedrema/rounds_probe_fmnist.toml --sweep benchmarks/fedrema/validation_fmnist.toml \
   --out benchmarks/fedrema/VALIDATION.md \
   --title "FedReMa's baselines on Fashion-MNIST: validation runs for the open hyperparameters"
 .venv/bin/fedtail report \
