@@ -19,7 +19,8 @@ from helpers import evaluate, run, run_with_summary, runtime, simulation
 
 # match lr and feature scale of CReFF: the library defaults (lr 100, σ 0.1) suit 3136-dimensional
 # features, not the tiny model's, where lr 100 blows the features up.
-FAST = {"num_features": 4, "tau": 2, "match_iterations": 5, "match_lr": 0.1, "feature_init_std": 1.0}
+# BAVD is on here although the library default is off (issue 16), so these tests exercise all three modules.
+FAST = {"num_features": 4, "tau": 2, "match_iterations": 5, "match_lr": 0.1, "feature_init_std": 1.0, "bavd": True}
 
 
 # The personal reading and PKCF after aggregation (issue 16; options until validated) unless a test says otherwise.
@@ -513,4 +514,6 @@ def test_reading_options_are_validated():
     assert (defaults.reading, defaults.pkcf_order) == ("global-start", "before-local")  # validated so far
     # The configuration benchmarks/mupfl validated for the earlier reading is the default.
     assert (defaults.psi_sign, defaults.bavd_rescale, defaults.bavd_layers) == (-1, True, [-1])
+    # BAVD validated off (issue 16: no reading beat plain training); when on, the batch mask, its best reading
+    assert (defaults.bavd, defaults.bavd_map, defaults.bavd_mask, defaults.bavd_map_shape) == (False, "batch", "map", "chw")
     assert (defaults.alpha, defaults.tau, defaults.match_lr, defaults.feature_init_std) == (0.25, 50, 100.0, 0.1)

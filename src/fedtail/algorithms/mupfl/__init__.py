@@ -67,9 +67,22 @@ compares updates only), ``mupfl.acmu=false`` (w̃_i = w_i: plain weighted mean; 
 personal reading each client then shares nothing but the federated features),
 ``mupfl.pkcf=false``.
 
-Defaults are the configuration ``benchmarks/mupfl`` validated and ran (BAVD ψ reversed,
-rescaled, last activation; α 0.25, τ 50; features N(0, 0.1²) matched at lr 100;
-``reading = "global-start"``, ``pkcf_order = "before-local"``). The personal reading and PKCF
+**BAVD is off by default** (``bavd = false``; ``--set mupfl.bavd=true`` turns it on). Issue 16
+asked for a reading of Eq. 6 that helps; none did. At the test runs' budget
+(``validation2_fmnist.toml``, 40 rounds, validation data, global-start + before-local,
+personalised accuracy at round 40 / mean of the last 10 rounds) plain training scores **90.06 /
+90.02 %**; BAVD with the mask from the current batch 90.10 / 89.58 (a tie: within the sweep's
+0.3-point margin, so the simpler plain training stays), with each activation's own value 89.73 /
+89.84, the C×H×W map accumulated over steps and rounds (the earlier default) 87.94 / 87.65, the
+same averaged over channels (H×W, as the paper types M) 87.63 / 87.39, not rescaled 86.50 /
+86.27, ψ as written (+1) 86.13 / 86.22. When BAVD is on, its sub-options default to the best of
+these readings (mask from the current batch, C×H×W, ψ −1, rescaled, last activation); Eq. 6 as
+written is ``bavd_map = "accumulated", psi_sign = 1, bavd_rescale = false, bavd_layers = None``.
+Without BAVD there are no maps, ACMU's Dist (Eq. 8) compares updates only and α has no effect.
+
+The other defaults are the configuration ``benchmarks/mupfl`` validated and ran (α 0.25, τ 50;
+features N(0, 0.1²) matched at lr 100; ``reading = "global-start"``,
+``pkcf_order = "before-local"``). The personal reading and PKCF
 after aggregation, which the text above argues for, were validated against them at the test
 runs' budget (``benchmarks/mupfl/validation2_fmnist.toml``: 40 rounds of the Table II protocol,
 α 0.5, IF 10, each client's held-out 15 %, personalised accuracy at round 40): global-start +
@@ -131,7 +144,10 @@ class MuPFLConfig(AlgorithmConfig):
         description="after-aggregation: participants tune their classifier on the new features at the end of "
         "the round (Algorithm 1 line 10) and are evaluated on it; before-local: at their next fit, before training",
     )
-    bavd: bool = Field(True, description="BAVD dropout in local training (Sec. 3.3)")
+    bavd: bool = Field(
+        False, description="BAVD dropout in local training (Sec. 3.3); off by default: no reading of it beat plain "
+        "training on validation data (module docstring)"
+    )
     acmu: bool = Field(True, description="ACMU clustering at the edge tier (Sec. 3.4)")
     pkcf: bool = Field(True, description="PKCF classifier tuning on federated features (Sec. 3.5)")
     bavd_layers: list[int] | None = Field(
@@ -143,7 +159,8 @@ class MuPFLConfig(AlgorithmConfig):
         "own normalised value is (value); see bavd.py"
     )
     bavd_map: Literal["accumulated", "batch"] = Field(
-        "accumulated", description="mask from the Eq. 6 map accumulated over steps and rounds, or from this batch alone"
+        "batch", description="mask from this batch alone (the best BAVD reading on validation data), or from the "
+        "Eq. 6 map accumulated over steps and rounds"
     )
     bavd_map_shape: Literal["chw", "hw"] = Field("chw", description="one map value per C×H×W position, or per H×W")
     psi_sign: Literal[1, -1] = Field(-1, description="ψ = sign·(ℓ(λ) − ℓ(λ−1)); +1 is Eq. 6 as written")
