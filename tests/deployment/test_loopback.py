@@ -96,7 +96,7 @@ def _wait_for_line(path: Path, pattern: str, count: int, timeout: float) -> None
 
 def test_a_node_killed_in_a_round_does_not_stop_the_run_and_rejoins_with_its_state(tmp_path):
     """SuperNode 1 is killed (SIGKILL, its whole process tree) after it received round 2's training
-    message; round 2 goes on with node 0's replies once --round-timeout passes; node 1 is restarted
+    message; round 2 goes on with node 0's replies once --round-timeout passes or node 1 is seen offline; node 1 is restarted
     (a new SuperNode id, the same node config and state folder) and serves round 3 from the state its
     clients kept on disk. The final metrics equal the simulator's with node 1's round-2 replies lost."""
     import threading
@@ -126,7 +126,10 @@ def test_a_node_killed_in_a_round_does_not_stop_the_run_and_rejoins_with_its_sta
     assert round2["missing"] == sorted(lost) and round2["replied"] == 3 and "skipped" not in round2
     assert rows[2]["rounds_log"][0]["replied"] == 6  # node 1's clients are back
     assert summary["final"] == json.loads(json.dumps(reference["final"]))
-    assert summary["flower"]["exchanges_timed_out"] >= 1
+    # the lost answers were given up on: at the round timeout, or earlier when the SuperLink reported node 1
+    # offline or answered for it with an error (which comes first depends on the machine's load)
+    lost_by = summary["flower"]
+    assert lost_by["exchanges_timed_out"] + lost_by["answers_node_offline"] + lost_by["error_replies"] >= 1
     assert len(re.findall(r"SuperNode ID", (folder / "node-1.log").read_text())) == 2  # it rejoined
     assert flower_processes_under(tmp_path) == []
 

@@ -61,6 +61,8 @@ class GridExecutor:
         self.wire_up = 0
         self.messages = 0
         self.timeouts = 0
+        self.offline = 0  # answers given up because their node went offline
+        self.errors = 0  # error replies (a node's client app failed)
         # where the time of the exchanges went (summary.json "flower"; benchmarks/flower_rounds.py)
         self.times = {"exchange_s": 0.0, "node_process_start_s": 0.0, "node_handler_s": 0.0, "client_tasks_s": 0.0}
         self.exchanges = 0
@@ -204,6 +206,8 @@ class GridExecutor:
             "messages": self.messages,
             "exchanges": self.exchanges,
             "exchanges_timed_out": self.timeouts,
+            "answers_node_offline": self.offline,
+            "error_replies": self.errors,
             # summed over exchanges (exchange_s: the server's wait) and over nodes (the others)
             "time_s": dict(self.times),
             "nodes": {str(node): clients for node, clients in sorted(self.hosts.items())},
@@ -237,6 +241,7 @@ class GridExecutor:
                     continue
                 self.wire_up += wire_bytes(reply)
                 if reply.has_error():
+                    self.errors += 1
                     log.warning("node %s answered with an error: %s", node, reply.error.reason)
                 else:
                     answers[node] = reply
@@ -252,6 +257,7 @@ class GridExecutor:
                 online = self._online()
                 gone = {mid for mid, node in waiting.items() if node not in online}
                 for mid in gone:
+                    self.offline += 1
                     log.warning("node %s went offline", waiting.pop(mid))
             time.sleep(settings.poll)
         return answers
