@@ -26,7 +26,7 @@ from fedtail.algorithms.fedac import regularizer
 from fedtail.data import load_dataset
 from fedtail.engine.training import train_epochs
 from fedtail.models import build_model
-from fedtail.report.machine import describe, machine_info
+from fedtail.machine import describe, machine_info
 
 MODELS = {"convnet": 300, "convnet-wide": 40}  # steps per timing (about 1–3 s each)
 PROTOCOL_STEPS = 1000 * 25 * 5  # FedAC, Sec. 5.1: rounds × clients per round × local iterations

@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 from fedtail.config import RunConfig
 from fedtail.errors import RunDiverged
+from fedtail.machine import machine_info
 
 OnRound = Callable[[int, "dict[str, Any] | None"], None]
 
@@ -94,7 +95,8 @@ def run_to_folder(
     except BaseException:
         sim.executor.close()
         raise
-    head = {"algorithm": config.algorithm, "dataset": config.dataset, "seed": config.seed}
+    # The machine per run: a sweep's runs may span machines, and wall times compare only within one.
+    head = {"algorithm": config.algorithm, "dataset": config.dataset, "seed": config.seed, "machine": machine_info()}
     try:
         if on_round is not None:
             on_round(sim.rounds_done, None)

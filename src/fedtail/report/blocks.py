@@ -22,7 +22,7 @@ from fedtail.report.analyses import (
     sensitivity_table,
 )
 from fedtail.report.collect import Collection, Run
-from fedtail.report.machine import describe, machine_info
+from fedtail.machine import describe, machine_info
 from fedtail.report.plots import acmu_records, plot_accuracy_curves, plot_acmu
 from fedtail.report.tables import METRICS, Reference, accuracy_table, has_stage_metrics, incomplete_cells, stage_table
 

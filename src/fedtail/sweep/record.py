@@ -20,7 +20,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
-from fedtail.report.machine import machine_info
+from fedtail.machine import machine_info
 from fedtail.report.runfiles import write_json
 from fedtail.sweep.pool import RunOutcome
 from fedtail.sweep.spec import ORDER, PlannedRun, Sweep

@@ -1,4 +1,10 @@
-"""A description of the machine, for sweep.json and report headers."""
+"""A description of the machine, for sweep.json, each run's summary.json and report headers.
+
+The CPU model name alone does not tell two machines of one kind apart: the same "AMD EPYC" has
+run with and without AVX-512, and a convolutional run takes about twice as long without it. So
+the vector instructions torch dispatches to are recorded too, and run times are compared only
+between runs that name the same.
+"""
 
 from __future__ import annotations
 
@@ -29,16 +35,18 @@ def _memory_gb() -> float | None:
 
 
 def machine_info() -> dict[str, Any]:
-    """Platform, CPU model, core count, memory (GiB), Python and torch versions."""
+    """Platform, CPU model and vector instructions, core count, memory (GiB), Python and torch versions."""
     try:
         import torch
 
         torch_version = torch.__version__
+        capability = torch.backends.cpu.get_cpu_capability()  # e.g. "AVX2", "AVX512"
     except ImportError:  # pragma: no cover - torch is a dependency
-        torch_version = None
+        torch_version = capability = None
     return {
         "platform": platform.platform(),
         "cpu": _cpu_model(),
+        "cpu_capability": capability,
         "cores": os.cpu_count(),
         "memory_gb": _memory_gb(),
         "python": platform.python_version(),
@@ -51,7 +59,7 @@ def describe(info: dict[str, Any]) -> str:
     return ", ".join(
         [
             str(info.get("platform", "?")),
-            f"CPU {info.get('cpu', '?')}",
+            f"CPU {info.get('cpu', '?')}" + (f" ({info['cpu_capability']})" if info.get("cpu_capability") else ""),
             f"{info.get('cores', '?')} cores",
             f"{mem:g} GiB RAM" if isinstance(mem, (int, float)) else "memory unknown",
             f"Python {info.get('python', '?')}",
