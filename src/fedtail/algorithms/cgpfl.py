@@ -59,7 +59,6 @@ from typing import TYPE_CHECKING, Iterator, Literal
 import numpy as np
 import torch
 from pydantic import Field
-from scipy.optimize import linear_sum_assignment
 
 from fedtail.algorithms.aggregate import WeightedMean, weighted_mean
 from fedtail.algorithms.base import Algorithm, AlgorithmConfig, Comm, Message, PersonalClient, ServerHalf, Tensors
@@ -122,6 +121,8 @@ def kmeans_labels(points: torch.Tensor, k: int, seed: int) -> np.ndarray:
 
 def match_to_centers(means: torch.Tensor, centers: torch.Tensor) -> np.ndarray:
     """For each row of ``means``, the distinct row of ``centers`` it continues (min total ‖·‖²)."""
+    from scipy.optimize import linear_sum_assignment  # here, not at the top: seconds off every process start
+
     rows, cols = linear_sum_assignment(squared_distances(means, centers).numpy())
     out = np.empty(len(means), dtype=int)
     out[rows] = cols

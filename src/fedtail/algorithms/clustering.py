@@ -37,16 +37,17 @@ on a loaded machine more threads than cores made a 1000×1000 eigendecomposition
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 import numpy as np
-import scipy.linalg
 import torch
-from sklearn.cluster import KMeans
 from threadpoolctl import threadpool_limits
 
 from fedtail.algorithms.aggregate import WeightedMean
 from fedtail.algorithms.base import Tensors
+
+if TYPE_CHECKING:
+    from sklearn.cluster import KMeans
 
 
 def float_keys(tensors: Tensors) -> list[str]:
@@ -164,6 +165,8 @@ def top_eigenpairs(g: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
 
     LAPACK's subset solver (scipy ``evr``): a fraction of a full decomposition's time for a few pairs.
     """
+    import scipy.linalg  # here, not at the top: seconds off every process start
+
     n = len(g)
     count = min(count, n)
     with server_threads():
@@ -181,6 +184,8 @@ def kmeans(points: np.ndarray, k: int, seed: int, *, n_init: int = 10, max_iter:
     exact arithmetic; in floating point they match unless a decision falls within rounding
     (a k-means++ draw or an assignment at a near tie), so tests compare partitions.
     """
+    from sklearn.cluster import KMeans  # here, not at the top: seconds off every process start
+
     tol = 1e-4 if dim is None else 1e-4 * points.shape[1] / max(dim, 1)
     with server_threads():
         return KMeans(n_clusters=k, n_init=n_init, max_iter=max_iter, tol=tol, random_state=seed).fit(points)

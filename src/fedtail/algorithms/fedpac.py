@@ -71,7 +71,6 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 import torch
 from pydantic import Field
-from scipy.optimize import minimize
 
 from fedtail.algorithms.aggregate import WeightedMean, weighted_mean
 from fedtail.algorithms.base import PFLLIB, Algorithm, AlgorithmConfig, Comm, Message, Reference
@@ -141,6 +140,8 @@ def simplex_qp(matrix: np.ndarray) -> tuple[np.ndarray, bool]:
         return np.ones(1), True
     q = matrix / max(float(np.abs(matrix).max()), 1e-300)
     q = 0.5 * (q + q.T)
+    from scipy.optimize import minimize  # here, not at the top: seconds off every process start
+
     result = minimize(
         lambda a: float(a @ q @ a),
         np.full(m, 1.0 / m),

@@ -61,7 +61,6 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 import torch
 from pydantic import Field
-from sklearn.cluster import kmeans_plusplus
 
 from fedtail.algorithms.base import Algorithm, AlgorithmConfig, Comm, Message, ServerHalf, Tensors
 from fedtail.algorithms.clustering import (
@@ -120,6 +119,8 @@ def seeded_centres(models: torch.Tensor, count: int, seed: int) -> torch.Tensor:
     k-means++ draws by squared distances only, so it runs on the rows' Gram coordinates
     (``clustering.gram_coordinates``, n numbers per row instead of d): the same draws, the same rows.
     """
+    from sklearn.cluster import kmeans_plusplus  # here, not at the top: seconds off every process start
+
     n = min(count, len(models))
     with server_threads():
         _, picked = kmeans_plusplus(gram_coordinates(centred_gram(models)), n_clusters=n, random_state=seed)

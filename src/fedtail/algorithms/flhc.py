@@ -53,7 +53,6 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 import torch
 from pydantic import Field, model_validator
-from sklearn.cluster import AgglomerativeClustering
 
 from fedtail.algorithms.aggregate import WeightedMean
 from fedtail.algorithms.base import Algorithm, AlgorithmConfig, Comm, Message, Tensors
@@ -158,6 +157,8 @@ def hierarchical_clusters(
     """
     if len(updates) < 2:
         return np.zeros(len(updates), dtype=int)
+    from sklearn.cluster import AgglomerativeClustering  # here, not at the top: seconds off every process start
+
     model = AgglomerativeClustering(
         n_clusters=num_clusters, distance_threshold=distance_threshold, metric=metric, linkage=linkage
     )

@@ -37,7 +37,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from sklearn.metrics import silhouette_score
 
 from fedtail.algorithms.base import Tensors
 from fedtail.algorithms.clustering import gram, gram_coordinates, kmeans, project_gram, server_threads
@@ -112,6 +111,8 @@ def cluster_clients(
         k = len(np.unique(labels))
         if not 2 <= k <= n - 1:
             return 0.0
+        from sklearn.metrics import silhouette_score  # here, not at the top: seconds off every process start
+
         with server_threads():
             return float(silhouette_score(distance, labels, metric="precomputed"))
 
