@@ -109,6 +109,18 @@ def test_evaluation_frequency_does_not_change_training():
     assert len(once[-1]["rounds_log"]) == 4
 
 
+def test_eval_final_evaluates_each_of_the_last_rounds_and_leaves_training_alone():
+    config = tiny_config(eval_every=3, eval_final=2, rounds=7)
+    assert [r for r in range(1, 8) if config.evaluates(r)] == [3, 6, 7]
+    config = tiny_config(eval_every=5, eval_final=3, rounds=10)
+    assert [r for r in range(1, 11) if config.evaluates(r)] == [5, 8, 9, 10]
+    dense, _ = run(tiny_config(eval_every=4, eval_final=2, rounds=4))
+    assert [row["round"] for row in dense] == [3, 4]
+    every, _ = run(tiny_config(eval_every=1, rounds=4))
+    assert dense[-1]["per_client_acc"] == every[-1]["per_client_acc"]  # counts over the same samples
+    assert dense[0]["per_client_acc"] == every[2]["per_client_acc"]
+
+
 def test_fedavg_with_one_client_equals_local_training():
     """With one client, averaging is the identity: FedAvg must reproduce Local exactly."""
     part = {"scheme": "iid", "num_clients": 1}

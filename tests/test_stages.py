@@ -63,6 +63,13 @@ def test_nested_schedule_is_the_default_and_runs_the_stage_tasks_in_turn():
     # evaluated at the end of every eval_every-th round of global optimisation, and at the last
     assert [r for r in range(1, 10) if config.evaluates(r)] == [6, 9]
     assert [r for r in range(1, 10) if config.has_later_stage(r)] == list(range(1, 9))
+    # eval_final: every round of global optimisation among the final N too
+    dense_tail = staged(stage_schedule=None, rounds=9, eval_every=2, eval_final=2)
+    assert [r for r in range(1, 10) if dense_tail.evaluates(r)] == [6, 9]
+    dense_tail = staged(stage_schedule=None, rounds=15, eval_every=4, eval_final=2)  # 5 rounds of global optimisation
+    assert [r for r in range(1, 16) if dense_tail.evaluates(r)] == [12, 15]
+    dense_tail = staged(stage_schedule=None, rounds=15, eval_every=2, eval_final=3)
+    assert [r for r in range(1, 16) if dense_tail.evaluates(r)] == [6, 9, 12, 15]
     rows, sim = run(config)
     assert [(r["round"], r["global_round"], r["stage"], r["seen_stages"]) for r in rows] == [(6, 2, 2, 3), (9, 3, 2, 3)]
     logs = [log for row in rows for log in row["rounds_log"]]

@@ -121,6 +121,12 @@ class RunConfig(BaseModel):
         True, description="channels-last weights and images: faster CNN steps on CPU; changes float rounding"
     )
     eval_every: int = Field(1, ge=1)
+    eval_final: int | None = Field(
+        None,
+        ge=1,
+        description="also evaluate every round (of global optimisation) among the final N, so the mean over "
+        "the final 10 rounds holds 10 evaluations whatever eval_every is (null: eval_every alone)",
+    )
     eval_split: Literal["test", "val"] = "test"
     eval_global: bool = True
     targets: list[float] = Field(default_factory=lambda: [0.5, 0.6, 0.7, 0.8, 0.9])
@@ -298,12 +304,15 @@ class RunConfig(BaseModel):
         return rnd % self.stage_rounds == 0 if self.has_stages else rnd == self.rounds
 
     def evaluates(self, rnd: int) -> bool:
-        """Whether round ``rnd`` is evaluated: every ``eval_every`` rounds and at every stage end
-        and the last round; with nested stages at the end of every ``eval_every``-th round of global
-        optimisation and the last round (its clients have then trained all the round's stage tasks)."""
+        """Whether round ``rnd`` is evaluated: every ``eval_every`` rounds, each of the final
+        ``eval_final``, at every stage end and the last round; with nested stages at the end of every
+        ``eval_every``-th round of global optimisation, of each of the final ``eval_final`` and of the
+        last round (its clients have then trained all the round's stage tasks)."""
+        final = self.eval_final or 0
         if self.schedule == "nested":
-            return self.is_stage_end(rnd) and (self.global_round(rnd) % self.eval_every == 0 or rnd == self.rounds)
-        return rnd % self.eval_every == 0 or self.is_stage_end(rnd) or rnd == self.rounds
+            g, last = self.global_round(rnd), self.global_round(self.rounds)
+            return self.is_stage_end(rnd) and (g % self.eval_every == 0 or g > last - final or rnd == self.rounds)
+        return rnd % self.eval_every == 0 or rnd > self.rounds - final or self.is_stage_end(rnd) or rnd == self.rounds
 
     def has_later_stage(self, rnd: int) -> bool:
         """Whether some round after ``rnd`` trains another stage task (a client may need what it ends
@@ -446,6 +455,7 @@ FLAG_KEYS: dict[str, tuple[str, ...]] = {
     "workers": ("workers",),
     "threads": ("threads",),
     "eval_every": ("eval_every",),
+    "eval_final": ("eval_final",),
     "eval_split": ("eval_split",),
     "checkpoint_every": ("checkpoint_every",),
     "dropout": ("faults", "dropout"),

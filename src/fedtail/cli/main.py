@@ -138,6 +138,7 @@ def run(
     workers: Optional[int] = typer.Option(None, help="client-training processes (results do not depend on it)"),
     threads: Optional[int] = typer.Option(None, help="intra-op threads per client computation"),
     eval_every: Optional[int] = typer.Option(None, help="evaluate every k rounds (and at the last)"),
+    eval_final: Optional[int] = typer.Option(None, help="also evaluate each of the final N rounds (e.g. 10 for last-10 means)"),
     eval_split: Optional[str] = typer.Option(None, help="test | val: which local split evaluations use"),
     checkpoint_every: Optional[int] = typer.Option(
         None, help="write the run's state to OUT/checkpoint.pt every N rounds (0: never; default 25)"
