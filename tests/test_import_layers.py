@@ -29,6 +29,13 @@ def test_importing_every_algorithm_loads_neither_the_engine_nor_heavy_libraries(
         assert name not in loaded, f"importing the algorithms loads {name}: import it where it is used"
 
 
+def test_configuration_needs_no_algorithm_registry_and_the_contract_no_engine():
+    config = loaded_after("import fedtail.config")
+    assert "fedtail.config" in config and not config & {"fedtail.algorithms", "fedtail.engine", "fedtail.components"}
+    contract = loaded_after("import fedtail.algorithms.base")
+    assert "fedtail.algorithms" in contract and not contract & {"fedtail.engine", "fedtail.config"}
+
+
 def test_a_clustered_algorithm_still_finds_its_library_when_it_runs():
     loaded = loaded_after(
         "import numpy as np\n"
