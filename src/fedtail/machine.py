@@ -1,9 +1,9 @@
 """A description of the machine, for sweep.json, each run's summary.json and report headers.
 
 The CPU model name alone does not tell two machines of one kind apart: the same "AMD EPYC" has
-run with and without AVX-512, and a convolutional run takes about twice as long without it. So
-the vector instructions torch dispatches to are recorded too, and run times are compared only
-between runs that name the same.
+run with and without AVX-512, and convolution-heavy runs are much slower without it. So the
+vector instructions torch dispatches to are recorded too, and run times are compared only between
+runs that name the same.
 """
 
 from __future__ import annotations
