@@ -248,6 +248,8 @@ class RunConfig(BaseModel):
             data.pop("client_state", None)
         if self.head is None:  # likewise: the model's own split, what every run used before
             data.pop("head", None)
+        if self.eval_final is None:  # likewise
+            data.pop("eval_final", None)
         return data
 
     # -- the stage schedule (GLDP's stage tasks; one stage for every other partition) ---------
