@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Every run behind benchmarks/mupfl/RESULTS.md, then the report.
+# Every run behind benchmarks/mupfl/RESULTS.md and VALIDATION2.md, then the report.
+# The tables' values come from the validation sweeps: after those, their winners go into the
+# table files (README.md) before the tables run.
 # Resumable: finished runs are skipped, so rerunning this continues where it stopped.
 # Two lanes of one run each keep both cores of the 2-core machine busy. Both lanes end with
 # Table II; they share its runs through the sweep's per-run claims (a run the other lane has
@@ -34,6 +36,14 @@ lane() {
   return $failed
 }
 sweep benchmarks/mupfl/validation_fmnist.toml || exit 1   # chooses the open hyperparameters first
+# issue 16: the readings, BAVD and the baselines' options at the full budget, then MuPFL's tau, m, kappa
+sweep benchmarks/mupfl/validation2_fmnist.toml --jobs 2 || exit 1
+sweep benchmarks/mupfl/validation2_mupfl_fmnist.toml --jobs 2 || exit 1
+for file in validation2_fmnist.toml validation2_mupfl_fmnist.toml; do   # the tables wait for every choice
+  if ! .venv/bin/fedtail sweep "benchmarks/mupfl/$file" --dry-run | tail -n 1 | grep -q " 0 pending, 0 stale, 0 busy"; then
+    echo "run_all.sh: $file has runs left; the tables wait for its choices (README.md)"; exit 0
+  fi
+done
 lane table6_fmnist.toml table2_fmnist.toml & first=$!
 lane table5_fmnist.toml table2_fmnist.toml & second=$!
 status=0

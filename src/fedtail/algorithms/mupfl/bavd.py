@@ -9,12 +9,13 @@ equation as written). The map is min–max normalised and its mean μ is the thr
 persists across rounds (it lives in the client's state) and is uploaded for ACMU's similarity.
 At evaluation the layer is the identity.
 
-The text leaves open what exactly is compared with μ, and each reading is an option:
+The text leaves open what exactly is compared with μ, and each reading is an option. MuPFL's
+defaults (``MuPFLConfig``: BAVD off; when on, ``mask = "map"``, ``source = "batch"``,
+``shape = "chw"``, ψ sign −1, rescaled, last activation) are the best reading on validation data
+at the test runs' budget (``benchmarks/mupfl/README.md``, validation2 stage 1); this class's own
+defaults are Eq. 6 as written (accumulated map, ψ as written, no rescaling).
 
-- ``mask = "map"`` (default, the reading chosen by ``benchmarks/mupfl/bavd_validation.py`` from
-  the initial model; from a model trained 3 rounds it scores worst, rescaled, of all variants,
-  and validation2 decides):
-  positions whose *normalised map value* is below μ are zeroed, the same positions for every
+- ``mask = "map"``: positions whose *normalised map value* is below μ are zeroed, the same positions for every
   sample. "Activation values h_icbd below this threshold μ_i are zeroed (h_icbd → 0) within
   the forward pass feature map M^norm_i" read as "the positions of M^norm_i below μ_i".
   With an accumulated map this is close to a fixed mask (issue 16: 80–97 % agreement with
@@ -28,7 +29,7 @@ The text leaves open what exactly is compared with μ, and each reading is an op
   of the batch and channel dimensions ... across all B×C slices" (Sec. 3.6: a per-sample,
   per-channel selection), and the motivating variant of FedAvg "which retains only high
   activation values" (Sec. 3.1). The map then sets how much is kept (μ), not where.
-- ``source = "batch"``: the mask comes from this batch's mean activation alone (M^(0) of
+- ``source = "batch"`` (MuPFL's default when BAVD is on): the mask comes from this batch's mean activation alone (M^(0) of
   Eq. 6 every step) instead of the accumulated map; the uploaded map still follows Eq. 6.
 - ``shape = "hw"``: the map is averaged over channels, H×W as the paper types M; ``"chw"``
   (default) keeps one value per position of every channel.
@@ -39,8 +40,6 @@ The text leaves open what exactly is compared with μ, and each reading is an op
   dropout layer BAVD replaces does).
 
 The map accumulates the activation before masking, so a dropped position can recover.
-Implemented with forward hooks on the body's activation modules, so any model works without
-rebuilding it and the state_dict keys do not change.
 
 Implemented with forward hooks on the body's activation modules, so any model works
 without rebuilding it and the state_dict keys do not change.
