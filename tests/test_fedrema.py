@@ -528,3 +528,41 @@ def test_cli_run_logs_the_ccp(tmp_path):
 
 def test_serial_and_parallel_agree():
     assert_serial_and_parallel_agree(tiny_config(algorithm="fedrema", rounds=3))
+
+
+def test_the_code_feature_gives_each_row_its_own_half_scale_draw(monkeypatch):
+    """random_feature = "code": row k of S is the heads' response to client k's own r_k ~ U[0, 0.5)."""
+    features, rows = [], []
+    real_soft, real_cos = fedrema_module.soft_logits, fedrema_module.cosine_matrix
+
+    def soft(head, heads, r, temperature, prefix="head."):
+        features.append(r.clone())
+        return real_soft(head, heads, r, temperature, prefix)
+
+    def cos(a, b):
+        out = real_cos(a, b)
+        rows.append(out)
+        return out
+
+    monkeypatch.setattr(fedrema_module, "soft_logits", soft)
+    monkeypatch.setattr(fedrema_module, "cosine_matrix", cos)
+    gen = torch.Generator().manual_seed(3)
+    heads = {k: {"head.weight": torch.randn(5, 64, generator=gen), "head.bias": torch.zeros(5)} for k in range(6)}
+    def round_with(srv, init):
+        body = {k: v for k, v in init.items() if k.startswith("body.")}
+        srv.run_round(1, list(range(6)), ScriptedComm({c: reply(body | heads[c], SIZES[c]) for c in range(6)}))
+
+    round_with(*server(random_feature="code"))
+    assert len(features) == 6 and len({tuple(r.tolist()) for r in features}) == 6  # a draw per row
+    assert all(0 <= float(r.min()) and float(r.max()) < 0.5 for r in features)
+    assert float(torch.stack(features).max()) > 0.4  # scaled by one half, not by less
+    assert len(rows) == 6
+    for i, (r, row) in enumerate(zip(features, rows)):  # row i by hand, under client i's own draw
+        p = torch.softmax(torch.stack([heads[k]["head.weight"] @ r for k in range(6)]).double() / 0.5, dim=1)
+        expected = torch.nn.functional.cosine_similarity(p[i : i + 1], p, dim=1)
+        torch.testing.assert_close(row[0].double(), expected, atol=1e-5, rtol=0)
+    # the paper's rule: one draw in [0, 1) for the whole matrix
+    features.clear()
+    rows.clear()
+    round_with(*server())
+    assert len(features) == 1 and rows[0].shape == (6, 6)

@@ -7,7 +7,8 @@ feature extractor θ (the body) and a classifier φ (the head: every FC layer, f
 Round t, with the uploading clients K_t:
 
 1. the server sends client k the shared body and its own head, w_k = {θ^{t−1}, φ_k^{t−1}};
-   client k trains the whole model for the run's E epochs (plain SGD, as FedAvg) and uploads
+   client k trains the whole model for the run's E epochs (SGD; momentum and clipping: the
+   reference settings below) and uploads
    θ̂_k, φ̂_k and n_k;
 2. body (Eq. 6):  θ^t = Σ_{k∈K_t} n_k θ̂_k / Σ_{k∈K_t} n_k, the same for every client;
 3. soft logits: one random feature r ~ U[0, 1)^d (d = the head's input size) for all heads,
@@ -56,6 +57,12 @@ Interpretations where the paper is silent (several settled by the authors' publi
   own upload, as if G[k, k] = 1 (MDS always counts k in its own set).
 - r is drawn from a torch.Generator seeded from (run seed, round); heads are evaluated in eval
   mode without gradients.
+- ``random_feature``: "paper" (default) draws one feature a round, "each element is
+  independently sampled from a uniform distribution in the range [0,1)" (Sec. 4.1), for every
+  row of S. The authors' code (``compute_similarity_guassian``) instead draws a new feature for
+  each client's row, ``torch.rand_like(...) * 0.5``, so row k compares every head's response to
+  client k's own r_k ~ U[0, 0.5)^d and S is not symmetric: option "code". Not validated against
+  each other yet (the paper's text is the default).
 - Global model (for the global test split): the FedAvg body with the n-weighted mean of the
   round's uploaded heads (trained from personalised heads, so FedAvg's model only when
   ``mds = false``); it is never sent to clients when ``mds`` is on.
@@ -72,7 +79,9 @@ once Δs̄ has been positive. The body and the global head average the uploads t
 Reference settings (``fedtail list``; a run gets them unless it sets them), from the authors'
 code: the head is every FC layer (``--head all-fc``; the model's own split for cnn2fc and
 alexnet-small), local SGD with momentum 0.9 and gradient-norm clipping at 10 (the paper says
-only "mini-batch SGD").
+only "mini-batch SGD"). One difference remains: the authors' clients build their optimizer
+once, so its momentum buffer carries over from round to round (into the newly received body
+and head); fedtail's clients start every round with a fresh optimizer, like every other method.
 
 Each round logs ``fedrema``: ``ccp`` (this round aggregated by MDS), ``ccp_rounds`` (MDS rounds
 so far: Table 3's "epochs of CCP"), and in MDS rounds ``mean_gap`` (Δs̄^t), ``max_gap``,
@@ -113,6 +122,11 @@ class FedReMaConfig(AlgorithmConfig):
     )
     mds: bool = Field(True, description="false: heads averaged like the body (plain FedAvg)")
     ccp: bool = Field(True, description="false: MDS every round, never the G-based aggregation")
+    random_feature: Literal["paper", "code"] = Field(
+        "paper",
+        description="paper: one r ~ U[0,1)^d a round for every row of S (Sec. 4.1); "
+        "code: client k's row from its own r_k ~ U[0,0.5)^d (the authors' serverReMa.py)",
+    )
 
 
 def random_feature(seed: int, dim: int) -> torch.Tensor:
@@ -227,9 +241,18 @@ class FedReMaServer(ServerHalf):
         """One CCP round: soft logits, MDS per client, Eq. 7, G, then the CCP check."""
         opts: FedReMaConfig = self.ctx.options
         model = self.ctx.model("fedrema")
-        r = random_feature(self.ctx.seed(rnd, SOFT_LOGITS_KEY), model.feature_dim)
-        p = soft_logits(model.head, [uploaded[k] for k in ids], r, opts.temperature)
-        S = cosine_matrix(p, p)
+        heads = [uploaded[k] for k in ids]
+        if opts.random_feature == "paper":
+            r = random_feature(self.ctx.seed(rnd, SOFT_LOGITS_KEY), model.feature_dim)
+            p = soft_logits(model.head, heads, r, opts.temperature)
+            S = cosine_matrix(p, p)
+        else:  # row i of S under client i's own feature, U[0, 0.5) as the authors' code draws it
+            rows = []
+            for i, k in enumerate(ids):
+                r = 0.5 * random_feature(self.ctx.seed(rnd, SOFT_LOGITS_KEY, k), model.feature_dim)
+                p = soft_logits(model.head, heads, r, opts.temperature)
+                rows.append(cosine_matrix(p[i : i + 1], p)[0])
+            S = torch.stack(rows)
         by_samples = opts.head_weighting == "samples"
         sets, gaps = [], []
         for i, k in enumerate(ids):
