@@ -220,3 +220,21 @@ def test_no_ccp_table_without_fedrema_runs(tmp_path):
     md = tmp_path / "R.md"
     assert invoke("report", root, "--out", md).exit_code == 0
     assert "Critical co-learning period" not in md.read_text()
+
+
+def test_ccp_end_of_every_delta_is_read_from_the_mds_every_round_run(tmp_path):
+    root = tmp_path / "runs"
+    accs = [0.5, 0.6, 0.7, 0.8, 0.8, 0.8]
+    ratios = [1.0, 0.95, 0.6, 0.35, 0.2, 0.25]  # Eq. 9's ratio, round by round
+    log = {r: [{"round": r, "fedrema": {"ccp": True, "ccp_rounds": r, "ratio": q, "ended": False}}]
+           for r, q in enumerate(ratios, 1)}  # fmt: skip
+    curve_run(root / "s" / "fedrema-no-ccp" / "seed0", accs, seed=0, algorithm="fedrema", options={"ccp": False},
+              rounds_log=log)  # fmt: skip
+    curve_run(root / "s" / "fedrema" / "seed0", accs, seed=0, algorithm="fedrema", rounds_log=ccp_log(3, 6))
+    md = tmp_path / "R.md"
+    res = invoke("report", root, "--out", md)
+    assert res.exit_code == 0, res.output
+    text = md.read_text()
+    # δ 0.1: never below in 6 rounds; 0.3: round 5 (0.2); 0.5: round 4 (0.35); 0.7: round 3; 0.9: round 3
+    assert "| s | fedrema-no-ccp | 0 | > 6 | 5 | 4 | 3 | 3 |" in text
+    assert "| s | fedrema | 0 |" not in text  # a run whose own CCP ended logs no ratios after it

@@ -340,6 +340,50 @@ def ccp_text(runs: list[Run]) -> str | None:
     return "; ".join(parts)
 
 
+PAPER_DELTAS = (0.1, 0.3, 0.5, 0.7, 0.9)  # FedReMa's Table 3
+RATIO_TIE = 1e-9  # fedtail.algorithms.fedrema.TIE: a ratio within it of δ counts as δ
+
+
+def ccp_ends(run: Run, deltas: Sequence[float] = PAPER_DELTAS) -> tuple[list[int | None], int] | None:
+    """For a FedReMa run with MDS every round (``ccp = false``): the round each δ's CCP would end,
+    the first whose logged ratio Δs̄^t / max Δs̄ (Eq. 9) is below δ, None when none is (it
+    outlasts the run), and the last round logged. A run with δ is this run until then, so this is
+    its CCP's length. None for any other run (its ratios after its own CCP's end are not logged)."""
+    options = (run.config or {}).get("options") or {}
+    if (run.config or {}).get("algorithm") != "fedrema" or options.get("ccp", True) is not False:
+        return None
+    entries = [e for row in run.metrics() for e in row.get("rounds_log") or []]
+    entries += list((run.summary or {}).get("rounds_log") or [])
+    ratios: dict[int, float | None] = {}
+    for entry in entries:
+        if isinstance(entry, dict) and isinstance(entry.get("round"), int) and isinstance(entry.get("fedrema"), dict):
+            ratios[entry["round"]] = entry["fedrema"].get("ratio")
+    if not ratios:
+        return None
+    ordered = [(r, ratios[r]) for r in sorted(ratios)]
+    ends = [next((r for r, q in ordered if isinstance(q, (int, float)) and q < d - RATIO_TIE), None) for d in deltas]
+    return ends, ordered[-1][0]
+
+
+def ccp_delta_table(col: Collection, deltas: Sequence[float] = PAPER_DELTAS) -> str | None:
+    """Setting × method × seed of the MDS-every-round FedReMa runs: each δ's CCP length read from
+    the logged ratios (Table 3's "epochs of CCP" for every δ, whether or not a run with that δ was
+    made); None when the collection has no such run."""
+    rows = []
+    for s in col.settings:
+        for m in col.methods:
+            for run in col.finished(s, m):
+                found = ccp_ends(run, deltas)
+                if found is None:
+                    continue
+                ends, last = found
+                cells = [str(e) if e is not None else f"> {last}" for e in ends]
+                rows.append([s, m, str(run.seed) if run.seed is not None else DASH] + cells)
+    if not rows:
+        return None
+    return markdown_table(["setting", "method", "seed"] + [f"δ {d:g}" for d in deltas], rows)
+
+
 def ccp_table(col: Collection) -> str | None:
     """Methods with FedReMa records × settings: the CCP's length; None when no method has them."""
     cells = {(m, s): ccp_text(col.finished(s, m)) for m in col.methods for s in col.settings}

@@ -14,6 +14,7 @@ from typing import Any, Callable, Sequence
 
 from fedtail.report.analyses import (
     Sensitivity,
+    ccp_delta_table,
     ccp_table,
     check_levels,
     plot_cluster_counts,
@@ -245,10 +246,10 @@ def rounds_to_block(col: Collection, levels: Sequence[float], level: int = 2) ->
 
 def ccp_block(col: Collection, level: int = 2) -> list[str]:
     """FedReMa's critical co-learning period: its length per method and setting (its Table 3)."""
-    table = ccp_table(col)
+    table, by_delta = ccp_table(col), ccp_delta_table(col)
     if table is None:
         return []
-    return [
+    md = [
         f"{'#' * level} Critical co-learning period (FedReMa)",
         "",
         "Rounds aggregated by MDS before the CCP ended (Eq. 9's ratio fell below δ; from then on heads "
@@ -259,6 +260,17 @@ def ccp_block(col: Collection, level: int = 2) -> list[str]:
         table,
         "",
     ]
+    if by_delta is not None:
+        md += [
+            "Each δ's CCP length read from the runs with MDS every round (`ccp = false`), which log "
+            "Eq. 9's ratio every round: a run with δ is such a run until the first round whose ratio "
+            "is below δ (that round still aggregates by MDS), so two δ with the same end are the same "
+            "run; “> R”: the ratio never fell below δ in the run's R rounds.",
+            "",
+            by_delta,
+            "",
+        ]
+    return md
 
 
 def sensitivity_block(col: Collection, groups: list[Sensitivity], level: int = 2) -> list[str]:
