@@ -301,17 +301,24 @@ class CCP:
     run_rounds: int  # rounds the run logged
 
 
+def fedrema_records(run: Run) -> dict[int, dict[str, Any]]:
+    """Round -> the ``fedrema`` record of that round, from ``metrics.jsonl``'s rounds logs and
+    ``summary.json``'s (rounds after the last evaluation)."""
+    entries = [e for row in run.metrics() for e in row.get("rounds_log") or []]
+    entries += list((run.summary or {}).get("rounds_log") or [])
+    return {
+        e["round"]: e["fedrema"]
+        for e in entries
+        if isinstance(e, dict) and isinstance(e.get("round"), int) and isinstance(e.get("fedrema"), dict)
+    }
+
+
 def ccp_length(run: Run) -> CCP | None:
     """The CCP of a FedReMa run: the ``fedrema`` records of ``metrics.jsonl``'s rounds logs and of
     ``summary.json``'s (rounds after the last evaluation); None for a run without them. A record
     says ``ccp`` (that round aggregated by MDS), ``ccp_rounds`` (MDS rounds so far) and, in the
     round the CCP ends, ``ended``; after it, ``ccp`` is false."""
-    entries = [e for row in run.metrics() for e in row.get("rounds_log") or []]
-    entries += list((run.summary or {}).get("rounds_log") or [])
-    by_round: dict[int, dict[str, Any]] = {}
-    for entry in entries:
-        if isinstance(entry, dict) and isinstance(entry.get("round"), int) and isinstance(entry.get("fedrema"), dict):
-            by_round[entry["round"]] = entry["fedrema"]
+    by_round = fedrema_records(run)
     if not by_round:
         return None
     records = [by_round[r] for r in sorted(by_round)]
@@ -352,15 +359,10 @@ def ccp_ends(run: Run, deltas: Sequence[float] = PAPER_DELTAS) -> tuple[list[int
     options = (run.config or {}).get("options") or {}
     if (run.config or {}).get("algorithm") != "fedrema" or options.get("ccp", True) is not False:
         return None
-    entries = [e for row in run.metrics() for e in row.get("rounds_log") or []]
-    entries += list((run.summary or {}).get("rounds_log") or [])
-    ratios: dict[int, float | None] = {}
-    for entry in entries:
-        if isinstance(entry, dict) and isinstance(entry.get("round"), int) and isinstance(entry.get("fedrema"), dict):
-            ratios[entry["round"]] = entry["fedrema"].get("ratio")
-    if not ratios:
+    by_round = fedrema_records(run)
+    if not by_round:
         return None
-    ordered = [(r, ratios[r]) for r in sorted(ratios)]
+    ordered = [(r, by_round[r].get("ratio")) for r in sorted(by_round)]
     ends = [next((r for r, q in ordered if isinstance(q, (int, float)) and q < d - RATIO_TIE), None) for d in deltas]
     return ends, ordered[-1][0]
 
