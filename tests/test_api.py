@@ -261,3 +261,22 @@ def test_the_examples_run(tmp_path, monkeypatch):
     res = invoke("sweep", tmp_path / "compare.toml", "--jobs", "1")
     assert res.exit_code == 0, res.output
     assert len(list((tmp_path / "cmp").rglob("summary.json"))) == 6
+
+
+@pytest.mark.parametrize("algorithm", ["fedrep", "fedper", "fedbabu"])
+def test_a_plugin_model_runs_methods_whose_reference_moves_the_head(algorithm, monkeypatch):
+    # Their reference code splits at the last linear layer (--head last) on built-in models; a
+    # plug-in model keeps its own split, the only one it has, and the run says so (head null).
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    result = fedtail.run(algorithm=algorithm, model="my_model:tiny_cnn", dataset="digits", clients=4, rounds=1,
+                         fraction=0.5, batch_size=16, out=None)  # fmt: skip
+    assert result.config.head is None
+    assert 0.0 <= result.summary["final"]["personalized_acc"] <= 1.0
+    from fedtail.components import apply_reference
+
+    for model, head in (("cnn2fc", "last"), (None, "last"), ("my_model:tiny_cnn", None)):
+        raw = {"algorithm": algorithm} | ({"model": model} if model else {})
+        apply_reference(raw)  # the reference split still applies to built-in models (default: cnn-fmnist)
+        assert raw.get("head") == head, model
+    with pytest.raises(fedtail.errors.ConfigError, match="plug-in"):  # asked for explicitly: a clear error
+        fedtail.run(algorithm=algorithm, model="my_model:tiny_cnn", dataset="digits", head="last", out=None)

@@ -207,7 +207,7 @@ def apply_reference(raw: dict[str, Any]) -> None:
     """Fill what ``raw`` leaves unset with its algorithm's reference settings, in place.
 
     The algorithm's :class:`~fedtail.algorithms.base.Reference` (how its reference code runs it)
-    gives the head split (``head``), ``train.momentum``, ``train.grad_clip`` and any algorithm
+    gives the head split (``head``; not for a plug-in model, whose split is its own), ``train.momentum``, ``train.grad_clip`` and any algorithm
     options whose reference value differs from the option's default; every other option gets its
     default. Keys the run sets, even to the fedtail default, are kept. The filled values become
     explicit in the config (and so in ``config.json``), so a stored config means the same whatever
@@ -218,8 +218,8 @@ def apply_reference(raw: dict[str, Any]) -> None:
     except ConfigError:  # an unknown algorithm is reported by check()
         return
     ref = spec.reference
-    if ref.head is not None:
-        raw.setdefault("head", ref.head)
+    if ref.head is not None and _builtin_model(raw.get("model")):
+        raw.setdefault("head", ref.head)  # a plug-in model's split is its own: it cannot be moved
     train = raw.setdefault("train", {})
     if isinstance(train, dict):  # anything else is reported by the validation
         train.setdefault("momentum", ref.momentum)
@@ -230,6 +230,16 @@ def apply_reference(raw: dict[str, Any]) -> None:
             options.setdefault(key, value)
         # every option explicit: a stored config.json keeps meaning what ran when a default changes
         raw["options"] = _complete(spec, options)
+
+
+def _builtin_model(name: Any) -> bool:
+    """Whether ``name`` (None: the default model) is a built-in model, whose head split can move."""
+    from fedtail.config import RunConfig
+    from fedtail.models.registry import builder
+
+    if name is None:
+        name = RunConfig.model_fields["model"].default
+    return isinstance(name, str) and builder(name) is not None
 
 
 def _complete(spec: Any, options: dict[str, Any]) -> dict[str, Any]:
