@@ -57,6 +57,7 @@ def test_options_parse_and_default():
     opts = algorithm_options(build_config(tiny_raw(algorithm="cgpfl")))
     assert (opts.num_clusters, opts.mu, opts.inner_steps, opts.beta, opts.recluster_every) == (3, 15.0, 5, 1.0, 1)
     assert opts.eta is None and opts.personal_lr is None and opts.weighting == "uniform" and opts.warm_start
+    assert opts.first_start == "received"
     opts = algorithm_options(build_config(tiny_raw(algorithm="cgpfl"), ["cgpfl.num_clusters=5", "algo.weighting=samples"]))
     assert opts.num_clusters == 5 and opts.weighting == "samples"
 
@@ -104,6 +105,48 @@ def test_personal_model_persists_and_warm_start_decides_where_the_inner_solve_st
     cold, cold_state = fit(rt, 3, w, {"personal": stored})
     assert all(torch.equal(cold_state["personal"][k], fresh_state["personal"][k]) for k in w)
     assert all(torch.equal(cold.tensors[k], fresh.tensors[k]) for k in w)
+
+
+def test_first_start_init_trains_a_new_client_from_the_initial_model_whatever_it_is_sent():
+    # μ ≈ 0: θ_i's training no longer feels ω_i, so where θ_i starts decides where it ends
+    config = tiny_config(algorithm="cgpfl", options={"mu": 1e-9})
+    rt = runtime(config)
+    init = rt.workspace.init_weights
+    sent = {k: v + 0.2 if v.is_floating_point() else v for k, v in init.items()}
+    _, sent_state = fit(rt, 2, sent)  # the default, first_start=received
+    from_init_default, init_state = fit(rt, 2, init)
+    set_options(rt, config, mu=1e-9, first_start="init")
+    from_init, state = fit(rt, 2, sent)
+    # θ_i trains from the initial model: the personal model as if the initial model were sent
+    assert distance(state["personal"], init_state["personal"]) < 1e-5
+    assert distance(state["personal"], sent_state["personal"]) > 1e-2
+    # the upload ω_i is still the received model (pulled by η·μ ≈ 0), not the initial one
+    assert distance(from_init.tensors, sent) < 1e-5 < distance(from_init.tensors, from_init_default.tensors)
+    # a client with a stored θ_i is unaffected
+    stored = {k: v + 0.1 if v.is_floating_point() else v for k, v in init.items()}
+    _, kept = fit(rt, 2, sent, {"personal": stored})
+    set_options(rt, config, mu=1e-9, first_start="received")
+    _, kept_default = fit(rt, 2, sent, {"personal": stored})
+    assert all(torch.equal(kept["personal"][k], kept_default["personal"][k]) for k in init)
+
+
+@pytest.mark.parametrize("first_start", ["received", "init"])
+def test_a_client_never_sampled_is_evaluated_with_its_first_start(first_start):
+    server = server_for(num_clusters=2, first_start=first_start)
+    init = server.ctx.init_weights
+    uploads = uploads_around(init, {0: 1.0, 3: -1.0})
+    server.run_round(1, [0, 3], scripted(uploads, {0: 1, 3: 1}))
+    key = "head.bias"
+    mean = 0.5 * (server.centers[0][key] + server.centers[1][key])
+    expected, other = (init[key], mean) if first_start == "init" else (mean, init[key])
+    sent = server.evaluation_message(2).tensors[key]
+    assert torch.allclose(sent, expected, atol=1e-6) and not torch.allclose(sent, other, atol=1e-3)
+    # a client that uploaded is sent its cluster's model either way
+    assert torch.equal(server.evaluation_message(0).tensors[key], server.centers[server.assignment[0]][key])
+
+
+def test_first_start_init_without_warm_start_is_rejected():
+    assert_config_error("cgpfl", ["cgpfl.first_start=init", "cgpfl.warm_start=false"], "needs warm_start")
 
 
 def test_evaluation_uses_the_personal_model_if_any_else_the_message():

@@ -199,8 +199,10 @@ def test_client_uploads_statistics_of_the_received_body():
 # --- the server ----------------------------------------------------------------------------------
 
 
-def test_server_aggregates_and_sends_each_participant_its_combined_head():
-    sim = simulation(tiny_config(algorithm="fedpac"))
+# class 0 held by clients 1 (1 sample, prototype 1.0) and 2 (3 samples, prototype 2.0)
+@pytest.mark.parametrize("aggregation, class0", [("weighted", (1 * 1 + 2 * 3) / 4), ("uniform", (1 + 2) / 2)])
+def test_server_aggregates_and_sends_each_participant_its_combined_head(aggregation, class0):
+    sim = simulation(tiny_config(algorithm="fedpac", options={"aggregation": aggregation}))
     server = sim.server
     model = sim.workspace.model()
     init = sim.server_ctx.init_weights
@@ -225,7 +227,7 @@ def test_server_aggregates_and_sends_each_participant_its_combined_head():
     assert all(torch.allclose(v, torch.full_like(v, body_value)) for v in server.body.values())
     assert set(server.body) == set(model.body_keys())
     server_body = dict(server.body)
-    assert torch.allclose(server.protos[0], torch.full((d,), (1 * 1 + 2 * 3) / 4))
+    assert torch.allclose(server.protos[0], torch.full((d,), class0))
     assert torch.allclose(server.protos[3], torch.full((d,), 4.0))
     assert server.present.tolist() == [True, False, False, True, False]
 
@@ -248,7 +250,7 @@ def test_server_aggregates_and_sends_each_participant_its_combined_head():
     out = sent[2].tensors
     assert_same({k: out[k] for k in model.body_keys()}, {k: v for k, v in server_body.items()})
     assert torch.equal(out[PRESENT], torch.tensor([True, False, False, True, False]))
-    assert torch.allclose(out[MEANS][0], torch.full((d,), 7 / 4))
+    assert torch.allclose(out[MEANS][0], torch.full((d,), class0))
 
 
 def test_participants_get_their_combined_heads_and_the_others_keep_theirs():

@@ -115,6 +115,25 @@ def test_runs_get_their_algorithms_reference_split_and_optimizer(algorithm, head
     assert (dumped["train"]["momentum"], dumped["train"]["grad_clip"]) == (momentum, clip)
 
 
+# Options unlike their defaults that PFLlib's code runs with (serverdistill/serverproto/serverpac:
+# plain means over the uploading clients; clientdistill: MSE between logits, one teacher for all)
+REFERENCE_OPTIONS = [
+    ("feddistill", {"regularizer": "mse", "exclude_self": False, "aggregation": "uniform"}),
+    ("fedproto", {"aggregation": "uniform"}),
+    ("fedpac", {"aggregation": "uniform"}),
+    ("perfedavg", {"beta": None, "steps": "pfllib"}),
+]
+
+
+@pytest.mark.parametrize("algorithm, expected", REFERENCE_OPTIONS)
+def test_runs_get_the_options_their_reference_code_uses(algorithm, expected):
+    options = build_config(raw(algorithm=algorithm)).options
+    assert {k: options[k] for k in expected} == expected
+    # without the reference (a stored config read literally) the option defaults stand
+    bare = build_config(raw(algorithm=algorithm), reference=False).options
+    assert all(bare.get(k) != v for k, v in expected.items() if k in bare)
+
+
 def test_what_a_run_sets_wins_over_the_reference():
     config = build_config(raw(algorithm="fedbabu", head="all-fc", train={"momentum": 0.5}))
     assert (config.head, config.train.momentum) == (None, 0.5)

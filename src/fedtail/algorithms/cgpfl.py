@@ -28,8 +28,11 @@ reachable), so beyond the structure above everything is *interpretation*, each a
 - R, the local rounds: one per mini-batch of the run's schedule (--local-steps batches if set,
   else --local-epochs × ⌈n_i / B⌉); each draws a fresh batch of B samples without replacement.
 - θ_i persists across rounds and the inner solve starts from it (``warm_start``); pFedMe's code
-  restarts θ from the received model every round (``warm_start=false``). A client's θ_i starts as
-  the first generalized model it receives.
+  restarts θ from the received model every round (``warm_start=false``). ``first_start``: a
+  client's θ_i starts as the first generalized model it receives (``received``, the default, as
+  pFedMe's θ starts from the model it is sent) or as the run's initial model (``init``, where
+  local training and FedAC's default start every client); the local copy ω_i is the received
+  generalized model either way. A client never sampled is evaluated with its would-be start.
 - Only parameters follow the outer step; buffers (BatchNorm statistics) of the upload are θ_i's,
   the only estimate of the client's data, so the generalized models' statistics stay current.
 - Clustering: scikit-learn k-means (k-means++, 10 restarts, seeded from the run seed and the
@@ -58,7 +61,7 @@ from typing import TYPE_CHECKING, Iterator, Literal
 
 import numpy as np
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from fedtail.algorithms.aggregate import WeightedMean, weighted_mean
 from fedtail.algorithms.base import Algorithm, AlgorithmConfig, Comm, Message, PersonalClient, ServerHalf, Tensors
@@ -100,6 +103,17 @@ class CGPFLConfig(AlgorithmConfig):
     warm_start: bool = Field(
         True, description="inner solve starts from the stored θ_i (false: from the received model, as pFedMe's code)"
     )
+    first_start: Literal["received", "init"] = Field(
+        "received",
+        description="θ_i before a client's first training: the generalized model it is sent, or the run's initial "
+        "model (with warm_start; the local copy ω_i is the received model either way)",
+    )
+
+    @model_validator(mode="after")
+    def _first_start_needs_warm_start(self) -> "CGPFLConfig":
+        if self.first_start == "init" and not self.warm_start:
+            raise ValueError("first_start='init' needs warm_start=true (without it θ_i restarts from the received model)")
+        return self
 
 
 # --- server -------------------------------------------------------------------------------------
@@ -195,6 +209,8 @@ class CGPFLServer(ServerHalf):
 
     def evaluation_message(self, cid: int) -> Message:
         # A sampled client evaluates its own θ_i; this model serves clients never sampled.
+        if cid not in self.assignment and self.ctx.options.first_start == "init":
+            return Message("evaluate", dict(self.ctx.init_weights))
         return Message("evaluate", self.model_for(cid))
 
 
@@ -220,7 +236,8 @@ def pull_towards(local: Tensors, model: nn.Module, step: float) -> None:
 class CGPFLClient(PersonalClient):
     def fit(self, msg: Message, ctx: ClientContext) -> Message:
         opts: CGPFLConfig = ctx.options
-        start = ctx.state.get("personal", msg.tensors) if opts.warm_start else msg.tensors
+        first = ctx.init_weights if opts.first_start == "init" else msg.tensors
+        start = ctx.state.get("personal", first) if opts.warm_start else msg.tensors
         personal = ctx.load(start, role="personal")
         # ω_i, the local copy of the generalized model: its parameters only (buffers come from θ_i).
         local = {name: msg.tensors[name].detach().clone() for name, _ in personal.named_parameters()}

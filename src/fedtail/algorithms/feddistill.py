@@ -44,7 +44,11 @@ that replied. A client whose reply did not arrive adds nothing to the teachers (
 Reference settings (what a run gets unless it sets them; ``fedtail list``): PFLlib's, the
 library FedReMa's code is built on and whose implementations stand for FedReMa's baselines:
 plain SGD (momentum 0), no gradient clipping, the model's own body/head split
-(unused: the logits are the whole model's).
+(unused: the logits are the whole model's), and PFLlib's FedDistill: ``regularizer="mse"``
+(``clientdistill.py``: λ·MSELoss between the batch logits and the global logits of their
+labels, a sample's own logits where its label has none), ``exclude_self=false`` and
+``aggregation="uniform"`` (``serverdistill.py``: one plain mean over the uploading clients, sent
+to everybody). The option defaults are FD's reading above.
 """
 
 from __future__ import annotations
@@ -181,5 +185,5 @@ FEDDISTILL = Algorithm(
     client=FedDistillClient,
     config=FedDistillConfig,
     has_global_model=False,
-    reference=Reference(PFLLIB),
+    reference=Reference(PFLLIB, options={"regularizer": "mse", "exclude_self": False, "aggregation": "uniform"}),
 )

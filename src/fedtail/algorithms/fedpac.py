@@ -19,7 +19,8 @@ the global body φ^t and the global prototypes c^t:
 5. upload φ_k, w_k, ĉ_k, n_k^j, V_k and h_k.
 
 Server: φ^{t+1} = Σ_k (n_k / n) φ_k (sample-weighted, as FedAvg); c^{t+1,j} = Σ_k n_k^j ĉ_k^j / Σ_k n_k^j
-over the participants holding j; and for every participant k the combination weights
+over the participants holding j (``aggregation="weighted"``, the paper; ``uniform``: the plain mean
+over the holders, PFLlib's ``proto_aggregation``); and for every participant k the combination weights
 
     α_k = argmin_{α ∈ Δ} α^T (diag(V) + D^{(k)}) α,   D^{(k)}_{ij} = Σ_c ⟨h_k^c − h_i^c, h_k^c − h_j^c⟩,
 
@@ -60,7 +61,8 @@ head it trained.
 
 Reference settings (``fedtail list``; a run gets them unless it sets them): PFLlib's, whose
 implementation stands for FedReMa's baseline: the last linear layer as the head, plain SGD
-(momentum 0), no clipping; PFLlib trains the head for one epoch before the body's E, as
+(momentum 0), no clipping, global prototypes as the uniform mean over their holders
+(``aggregation="uniform"``); PFLlib trains the head for one epoch before the body's E, as
 ``head_epochs = 1`` does.
 """
 
@@ -76,7 +78,7 @@ from fedtail.algorithms.aggregate import WeightedMean, weighted_mean
 from fedtail.algorithms.base import PFLLIB, Algorithm, AlgorithmConfig, Comm, Message, Reference
 from fedtail.algorithms.fedproto import COUNTS, MEANS, global_prototypes, prototype_payload
 from fedtail.algorithms.fedrep import FedRepClient, FedRepServer, train_only
-from fedtail.algorithms.prototypes import Alignment, ClassMean, ClassStats, alignment_loss, class_statistics
+from fedtail.algorithms.prototypes import Alignment, ClassMean, ClassStats, Weighting, alignment_loss, class_statistics
 
 if TYPE_CHECKING:
     from fedtail.engine.context import ClientContext, ServerContext
@@ -103,6 +105,9 @@ class FedPACConfig(AlgorithmConfig):
     )
     min_weight: float = Field(
         1e-3, ge=0, lt=1, description="combination weights below this are set to 0 (the rest renormalised)"
+    )
+    aggregation: Weighting = Field(
+        "weighted", description="global prototypes: weighted by class counts (the paper) or uniform over holders (PFLlib)"
     )
 
 
@@ -187,7 +192,7 @@ class FedPACServer(FedRepServer):
     def run_round(self, rnd: int, clients: list[int], comm: Comm) -> None:
         opts: FedPACConfig = self.ctx.options
         out = self.body | global_prototypes(self.protos, self.present)
-        bodies, protos = WeightedMean(), ClassMean("weighted")
+        bodies, protos = WeightedMean(), ClassMean(opts.aggregation)
         heads, v, h = {}, {}, {}
         for cid, reply in comm.stream({cid: Message("fit", out) for cid in clients}):
             t = reply.tensors
@@ -252,5 +257,5 @@ FEDPAC = Algorithm(
     client=FedPACClient,
     config=FedPACConfig,
     has_global_model=False,
-    reference=Reference(PFLLIB, head="last"),
+    reference=Reference(PFLLIB, head="last", options={"aggregation": "uniform"}),
 )

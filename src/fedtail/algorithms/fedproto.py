@@ -46,7 +46,9 @@ otherwise), as a class no sampled client holds. A client that did not reply keep
 Model split and reference settings (``fedtail list``; a run gets them unless it sets them):
 the head is the last linear layer as in PFLlib (``model.fc``), whose implementation stands for
 FedReMa's baseline, so prototypes live in that layer's input space (on ``cnn2fc`` the 512
-outputs of FC 512, not the 1024-d convolution output); plain SGD (momentum 0), no clipping.
+outputs of FC 512, not the 1024-d convolution output); plain SGD (momentum 0), no clipping;
+global prototypes as the plain mean over their holders (``aggregation="uniform"``, PFLlib's
+``proto_aggregation``, as the authors' code).
 """
 
 from __future__ import annotations
@@ -160,5 +162,5 @@ FEDPROTO = Algorithm(
     client=FedProtoClient,
     config=FedProtoConfig,
     has_global_model=False,
-    reference=Reference(PFLLIB, head="last"),
+    reference=Reference(PFLLIB, head="last", options={"aggregation": "uniform"}),
 )
