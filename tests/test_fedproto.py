@@ -24,6 +24,7 @@ from helpers import (
     run,
     run_cli,
     runtime,
+    set_options,
     simulation,
 )
 
@@ -129,7 +130,7 @@ def test_a_class_no_participant_holds_keeps_its_prototype_unless_told_otherwise(
 
 
 def test_client_uploads_prototypes_and_counts_never_weights():
-    rt = runtime(tiny_config(algorithm="fedproto"))
+    rt = runtime(tiny_config(algorithm="fedproto", options={"prototypes": "trained"}))
     cid = 2
     answer, state = fit(rt, cid, {})
     assert set(answer.tensors) == {MEANS, COUNTS}
@@ -141,6 +142,43 @@ def test_client_uploads_prototypes_and_counts_never_weights():
     stats = class_statistics(model, rt.workspace.dataset, rt.views.at(1)[cid].train, 5)
     assert torch.equal(answer.tensors[MEANS], stats.means)
     assert not torch.equal(state["weights"]["head.weight"], rt.workspace.init_weights["head.weight"])
+
+
+def test_training_prototypes_are_the_mean_of_the_training_batches_features():
+    config = tiny_config(algorithm="fedproto", train={"local_epochs": 2})  # the reference: prototypes=training
+    assert algorithm_options(config).prototypes == "training"
+    rt = runtime(config)
+    cid = 2
+    answer, state = fit(rt, cid, {})
+    index = rt.views.at(1)[cid].train
+    labels = rt.workspace.dataset.train.y[index]
+    assert torch.equal(answer.tensors[COUNTS], 2 * torch.bincount(labels, minlength=5))  # every sample, each epoch
+    model = rt.workspace.model("check")
+    load_weights(model, state["weights"])
+    after = class_statistics(model, rt.workspace.dataset, index, 5)
+    held = after.present
+    # the features of a changing model, not those of the trained one
+    assert float((answer.tensors[MEANS][held] - after.means[held]).abs().max()) > 1e-4
+    # ... and the same training as with prototypes=trained (recording adds nothing to the loss)
+    set_options(rt, config, prototypes="trained")
+    trained_answer, trained_state = fit(rt, cid, {})
+    assert_same(trained_state["weights"], state["weights"])
+    assert torch.equal(trained_answer.tensors[MEANS], after.means)
+
+
+def test_recording_adds_the_features_and_keeps_the_loss():
+    from fedtail.algorithms.fedproto import recording
+    from fedtail.algorithms.prototypes import ClassStats
+
+    record = ClassStats.zeros(3, 2)
+    f = torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 0.0]])
+    y = torch.tensor([0, 0, 2])
+    zero = recording(None, record)(None, None, y, None, f)
+    assert float(zero) == 0 and record.counts.tolist() == [2, 0, 1]
+    assert torch.equal(record.means, torch.tensor([[2.0, 3.0], [0.0, 0.0], [5.0, 0.0]]))
+    loss = recording(lambda m, x, y, logits, features: features.sum(), record)(None, None, y, None, f)
+    assert float(loss) == 15 and record.counts.tolist() == [4, 0, 2]
+    assert recording(None, None) is None
 
 
 def test_the_lambda_term_pulls_features_to_the_global_prototypes():

@@ -119,7 +119,7 @@ def test_runs_get_their_algorithms_reference_split_and_optimizer(algorithm, head
 # plain means over the uploading clients; clientdistill: MSE between logits, one teacher for all)
 REFERENCE_OPTIONS = [
     ("feddistill", {"regularizer": "mse", "exclude_self": False, "aggregation": "uniform"}),
-    ("fedproto", {"aggregation": "uniform"}),
+    ("fedproto", {"aggregation": "uniform", "prototypes": "training"}),
     ("fedpac", {"aggregation": "uniform"}),
     ("perfedavg", {"beta": None, "steps": "pfllib"}),
 ]

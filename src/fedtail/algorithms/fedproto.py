@@ -27,9 +27,10 @@ Options and *interpretations*:
   MSELoss over the batch, Σ_i Σ_d (f_id − C^{y_i}_d)² / (B·d), with a sample's own feature as the
   target where its label has no prototype (so it adds 0 but still counts in B). ``l2sq`` is
   Σ_i ‖f_i − C^{y_i}‖² / B. λ = 1 (FedReMa's setting, and the authors' default).
-- Prototypes are computed *after* local training, with the trained body in inference mode over
-  the client's whole training data (Eq. 4 read literally); the authors' code averages the
-  features of the training batches as the model changes.
+- ``prototypes`` (default ``trained``): computed *after* local training, with the trained body in
+  inference mode over the client's whole training data (Eq. 4 read literally); ``training``:
+  the mean of the features of the training batches as the model changes (all E epochs, train
+  mode), as the authors' code and PFLlib's ``clientproto.py`` do.
 - ``predict`` (default ``prototype``, FedProto's inference): the class of the nearest global
   prototype in L2 among the classes that have one (scores −‖f − C^j‖²/d, so the evaluation
   loss is a cross-entropy of those scores); ``head`` evaluates the client's own classifier.
@@ -48,7 +49,8 @@ the head is the last linear layer as in PFLlib (``model.fc``), whose implementat
 FedReMa's baseline, so prototypes live in that layer's input space (on ``cnn2fc`` the 512
 outputs of FC 512, not the 1024-d convolution output); plain SGD (momentum 0), no clipping;
 global prototypes as the plain mean over their holders (``aggregation="uniform"``, PFLlib's
-``proto_aggregation``, as the authors' code).
+``proto_aggregation``, as the authors' code) of prototypes averaged over the training batches
+(``prototypes="training"``).
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ from fedtail.algorithms.local import LocalClient
 from fedtail.algorithms.prototypes import (
     Alignment,
     ClassMean,
+    ClassStats,
     Weighting,
     alignment_loss,
     class_statistics,
@@ -70,7 +73,10 @@ from fedtail.algorithms.prototypes import (
 )
 
 if TYPE_CHECKING:
+    from torch import nn
+
     from fedtail.engine.context import ClientContext, ServerContext
+    from fedtail.engine.training import FeatureLoss
 
 # Names on the wire.
 MEANS = "proto.means"  # (C, d) prototypes, both directions
@@ -92,6 +98,11 @@ class FedProtoConfig(AlgorithmConfig):
     alignment: Alignment = Field(
         "mse", description="R: mse = mean over samples and feature dims (code); l2sq = mean squared L2 distance"
     )
+    prototypes: Literal["trained", "training"] = Field(
+        "trained",
+        description="local prototypes: of the trained model in inference mode (Eq. 4), or the mean of the "
+        "training batches' features (the authors' code, PFLlib)",
+    )
 
 
 def global_prototypes(protos: torch.Tensor | None, present: torch.Tensor | None) -> Tensors:
@@ -104,6 +115,18 @@ def prototype_payload(msg: Message) -> tuple[torch.Tensor, torch.Tensor] | None:
     if MEANS not in msg.tensors or not bool(msg.tensors[PRESENT].any()):
         return None
     return msg.tensors[MEANS], msg.tensors[PRESENT]
+
+
+def recording(loss: FeatureLoss | None, record: ClassStats | None) -> FeatureLoss | None:
+    """``loss`` for ``ctx.train``, also adding every batch's features to ``record`` (if given)."""
+    if record is None:
+        return loss
+
+    def term(model: nn.Module, x: torch.Tensor, y: torch.Tensor, logits: torch.Tensor, features: torch.Tensor):
+        record.add(features.detach(), y)
+        return features.new_zeros(()) if loss is None else loss(model, x, y, logits, features)
+
+    return term
 
 
 class FedProtoServer(ServerHalf):
@@ -140,11 +163,13 @@ class FedProtoClient(LocalClient):
         model = self._personal(ctx)
         target = prototype_payload(msg)
         # λ = 0 or no prototypes yet: plain CE, the very same pass as local training.
-        feature_loss = None if target is None or opts.lam == 0 else alignment_loss(*target, opts.lam, opts.alignment)
-        ctx.train(feature_loss=feature_loss)
+        align = None if target is None or opts.lam == 0 else alignment_loss(*target, opts.lam, opts.alignment)
+        record = ClassStats.zeros(ctx.num_classes, model.feature_dim) if opts.prototypes == "training" else None
+        ctx.train(feature_loss=recording(align, record))
         ctx.state["weights"] = ctx.weights()
-        stats = class_statistics(model, ctx.dataset, ctx.data.train, ctx.num_classes)
-        return ctx.reply({MEANS: stats.means, COUNTS: stats.counts})
+        if record is None:
+            record = class_statistics(model, ctx.dataset, ctx.data.train, ctx.num_classes)
+        return ctx.reply({MEANS: record.means, COUNTS: record.counts})
 
     def evaluate(self, msg: Message, ctx: ClientContext) -> Message:
         model = self._personal(ctx)
@@ -162,5 +187,5 @@ FEDPROTO = Algorithm(
     client=FedProtoClient,
     config=FedProtoConfig,
     has_global_model=False,
-    reference=Reference(PFLLIB, head="last", options={"aggregation": "uniform"}),
+    reference=Reference(PFLLIB, head="last", options={"aggregation": "uniform", "prototypes": "training"}),
 )
