@@ -10,6 +10,7 @@ import torch
 from conftest import tiny_config, tiny_raw
 from fedtail.algorithms.fednova import normalizer
 from fedtail.algorithms.fedprox import proximal_term
+from fedtail.algorithms.base import Message
 from fedtail.algorithms.fedrep import train_only
 from fedtail.config import RunConfig
 from fedtail import components
@@ -287,7 +288,7 @@ def test_fedrep_uploads_only_the_body_and_keeps_the_head():
 
 
 def test_fedrep_uplink_is_bodies_only_in_a_run():
-    config = tiny_config(algorithm="fedrep", rounds=2)
+    config = tiny_config(algorithm="fedrep", rounds=2, options={"final_finetune": False})
     rows, sim = run(config)
     model = sim.workspace.model()
     body_bytes = sum(v.numel() * v.element_size() for k, v in model.state_dict().items() if k in model.body_keys())
@@ -295,6 +296,48 @@ def test_fedrep_uplink_is_bodies_only_in_a_run():
     sampled = {c for row in rows for r in row["rounds_log"] for c in r["clients"]}
     assert {c for c, s in sim.client_state.items() if "head" in s} == sampled
     assert rows[-1]["global_acc"] is None
+
+
+def test_fedrep_reference_is_the_authors_code():
+    config = build_config(tiny_raw(algorithm="fedrep"))
+    assert (config.train.momentum, config.train.weight_decay, config.train.grad_clip) == (0.5, 1e-4, None)
+    assert algorithm_options(config).final_finetune
+    bare = build_config(tiny_raw(algorithm="fedrep"), reference=False)
+    assert (bare.train.momentum, bare.train.weight_decay) == (0.0, 0.0) and not algorithm_options(bare).final_finetune
+
+
+def test_fedrep_finetune_trains_the_head_alone_for_at_least_ten_epochs():
+    from fedtail.engine.executors import Task
+
+    config = tiny_config(algorithm="fedrep", options={"head_epochs": 2})
+    rt = runtime(config)
+    model = rt.workspace.model()
+    init = rt.workspace.init_weights
+    body = {k: init[k] + 0.01 for k in model.body_keys()}
+    head = {k: init[k] - 0.01 for k in model.head_keys()}
+    result = rt.run(Task(3, 1, 0, Message("finetune", body), {"head": head}))
+    assert result.reply.tensors == {} and set(result.state) == {"head"}
+    assert distance(result.state["head"], head) > 1e-3
+    assert result.reply.metrics["num_steps"] == 10 * -(-len(rt.views.at(1)[3].train) // config.train.batch_size)
+    # the head is trained on the body it is sent (the final global body)
+    other = rt.run(Task(3, 1, 0, Message("finetune", {k: v + 0.05 for k, v in body.items()}), {"head": head}))
+    assert distance(other.state["head"], result.state["head"]) > 1e-4
+    again = rt.run(Task(3, 1, 0, Message("finetune", body), {"head": head}))
+    assert_same(again.state["head"], result.state["head"])
+
+
+@pytest.mark.parametrize("final_finetune", [True, False])
+def test_fedrep_final_round_fine_tunes_every_clients_head(final_finetune):
+    config = tiny_config(algorithm="fedrep", rounds=2, options={"final_finetune": final_finetune})
+    rows, sim = run(config)
+    model = sim.workspace.model()
+    body_bytes = sum(v.numel() * v.element_size() for k, v in model.state_dict().items() if k in model.body_keys())
+    sampled = {c for row in rows for r in row["rounds_log"] for c in r["clients"]}
+    with_head = {c for c, s in sim.client_state.items() if "head" in s}
+    extra = config.partition.num_clients * body_bytes if final_finetune else 0
+    assert sim.meter.bytes_down == 2 * config.clients_per_round * body_bytes + extra
+    assert with_head == (set(range(config.partition.num_clients)) if final_finetune else sampled)
+    assert with_head > sampled or not final_finetune
 
 
 def test_fedrep_serial_and_parallel_agree_exactly():

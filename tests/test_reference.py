@@ -101,7 +101,7 @@ REFERENCES = [
     ("feddistill", None, 0.0, None),
     ("fedbabu", "last", 0.0, None),
     ("fedpac", "last", 0.0, None),
-    ("fedrep", "last", 0.0, None),
+    ("fedrep", "last", 0.5, None),
     ("fedrema", None, 0.9, 10.0),  # both FC layers: cnn2fc's own split, so nothing is stored
 ]
 

@@ -207,7 +207,8 @@ def apply_reference(raw: dict[str, Any]) -> None:
     """Fill what ``raw`` leaves unset with its algorithm's reference settings, in place.
 
     The algorithm's :class:`~fedtail.algorithms.base.Reference` (how its reference code runs it)
-    gives the head split (``head``; not for a plug-in model, whose split is its own), ``train.momentum``, ``train.grad_clip`` and any algorithm
+    gives the head split (``head``; not for a plug-in model, whose split is its own), ``train.momentum``,
+    ``train.weight_decay``, ``train.grad_clip`` and any algorithm
     options whose reference value differs from the option's default; every other option gets its
     default. Keys the run sets, even to the fedtail default, are kept. The filled values become
     explicit in the config (and so in ``config.json``), so a stored config means the same whatever
@@ -223,6 +224,7 @@ def apply_reference(raw: dict[str, Any]) -> None:
     train = raw.setdefault("train", {})
     if isinstance(train, dict):  # anything else is reported by the validation
         train.setdefault("momentum", ref.momentum)
+        train.setdefault("weight_decay", ref.weight_decay)
         train.setdefault("grad_clip", ref.grad_clip)
     options = raw.setdefault("options", {})
     if isinstance(options, dict):

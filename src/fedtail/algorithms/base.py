@@ -170,7 +170,8 @@ class Reference:
     """How an algorithm's reference code runs it: the settings a run gets unless it sets them.
 
     ``fedtail.config.build_config`` fills a run's unset ``head``, ``train.momentum``,
-    ``train.grad_clip`` and the ``options`` named here, and writes them into ``config.json``;
+    ``train.weight_decay``, ``train.grad_clip`` and the ``options`` named here, and writes them
+    into ``config.json``;
     a stored config is read literally. The defaults (the model's own split, plain SGD without
     clipping, the option defaults) leave a run's config as it was before references existed.
     """
@@ -178,6 +179,7 @@ class Reference:
     source: str = ""  # where the settings come from (code, paper), shown by `fedtail list`
     head: Literal["last", "all-fc"] | None = None  # the body/head split (None: the model's own)
     momentum: float = 0.0
+    weight_decay: float = 0.0
     grad_clip: float | None = None
     options: Mapping[str, Any] = field(default_factory=dict)  # algorithm options unlike their defaults
 
@@ -186,6 +188,7 @@ class Reference:
         parts = [
             f"head {self.head or 'as the model'}",
             f"momentum {self.momentum:g}",
+            f"weight decay {self.weight_decay:g}",
             f"grad clip {'none' if self.grad_clip is None else f'{self.grad_clip:g}'}",
         ]
         parts += [f"{k}={json.dumps(v)}" for k, v in self.options.items()]

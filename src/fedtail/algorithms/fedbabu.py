@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import Field
 
 from fedtail.algorithms.base import PFLLIB, Algorithm, AlgorithmConfig, ClientHalf, Message, Reference, Tensors
-from fedtail.algorithms.fedrep import FedRepServer, train_only
+from fedtail.algorithms.fedrep import BodyServer, train_only
 
 if TYPE_CHECKING:
     from fedtail.engine.context import ClientContext
@@ -66,7 +66,7 @@ class FedBABUConfig(AlgorithmConfig):
     )
 
 
-class FedBABUServer(FedRepServer):
+class FedBABUServer(BodyServer):
     """FedRep's server (sample-weighted mean of the bodies; bodies out, bodies in) plus a global model."""
 
     def global_weights(self) -> Tensors:

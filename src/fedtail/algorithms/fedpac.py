@@ -77,7 +77,7 @@ from pydantic import Field
 from fedtail.algorithms.aggregate import WeightedMean, weighted_mean
 from fedtail.algorithms.base import PFLLIB, Algorithm, AlgorithmConfig, Comm, Message, Reference
 from fedtail.algorithms.fedproto import COUNTS, MEANS, global_prototypes, prototype_payload
-from fedtail.algorithms.fedrep import FedRepClient, FedRepServer, train_only
+from fedtail.algorithms.fedrep import FedRepClient, BodyServer, train_only
 from fedtail.algorithms.prototypes import Alignment, ClassMean, ClassStats, Weighting, alignment_loss, class_statistics
 
 if TYPE_CHECKING:
@@ -181,7 +181,7 @@ def combination_weights(v: torch.Tensor, h: torch.Tensor, min_weight: float) -> 
 # --- server and client ------------------------------------------------------------------------------
 
 
-class FedPACServer(FedRepServer):
+class FedPACServer(BodyServer):
     """FedRep's global body, plus global prototypes and a combined head per participant."""
 
     def __init__(self, ctx: ServerContext) -> None:

@@ -28,7 +28,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from fedtail.algorithms.base import PFLLIB, Algorithm, Message, Reference
-from fedtail.algorithms.fedrep import FedRepClient, FedRepServer
+from fedtail.algorithms.fedrep import FedRepClient, BodyServer
 
 if TYPE_CHECKING:
     from fedtail.engine.context import ClientContext
@@ -45,7 +45,7 @@ class FedPerClient(FedRepClient):
 FEDPER = Algorithm(
     name="fedper",
     summary="FedPer (Arivazhagan et al. 2019): shared body averaged, local heads, trained jointly",
-    server=FedRepServer,
+    server=BodyServer,
     client=FedPerClient,
     has_global_model=False,
     reference=Reference(PFLLIB, head="last"),

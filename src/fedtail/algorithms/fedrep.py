@@ -14,12 +14,22 @@ current global body and its own head. There is no global model (no global head).
 Defaults (*interpretation*): the authors' code trains the head for 10 epochs and the body for 1
 epoch per round; here ``head_epochs`` defaults to the run's --local-epochs and ``body_epochs`` to 1.
 
+``final_finetune``: the authors' code (``main_fed.py``, ``LocalUpdate.train(last=True)``) ends
+with one more round in which every client, sampled or not, trains its head alone on the final
+global body for max(10, τ_h) epochs (their ``max(10, local_ep − local_rep_ep)``) and is then
+evaluated; the body is not updated. Here that is an exchange with every client after the last
+round's aggregation (``finetune``); a client whose reply is missing keeps its head. The paper's
+Algorithm 1 has no such round, so the option's default is off.
+
 Missing replies (``--dropout``, rejected replies): φ^{t+1} is the sample-weighted mean of the
 bodies that arrived; a client that did not reply keeps its head h_i unchanged.
 
-Model split and reference settings (``fedtail list``; a run gets them unless it sets them):
-the head is the last linear layer (FedRep's paper: the final layer; PFLlib: ``model.fc``);
-plain SGD (momentum 0), no clipping. ``--head all-fc`` moves every FC layer into the head.
+Model split and reference settings (``fedtail list``; a run gets them unless it sets them): the
+authors' code (lgcollins/FedRep, ``models/Update.py``): the head is the last linear layer
+(FedRep's paper: the final layer; PFLlib: ``model.fc``); SGD with momentum 0.5 and weight decay
+10⁻⁴ (the authors exempt biases from the decay; here it applies to every parameter), no
+clipping; the final head fine-tuning round (``final_finetune = true``). ``--head all-fc``
+moves every FC layer into the head.
 """
 
 from __future__ import annotations
@@ -53,9 +63,16 @@ class FedRepConfig(AlgorithmConfig):
         None, ge=1, description="epochs on the head (body frozen) per round (null: the run's --local-epochs)"
     )
     body_epochs: int = Field(1, ge=1, description="epochs on the body (head frozen) per round, after the head")
+    final_finetune: bool = Field(
+        False,
+        description="after the last round every client trains its head alone on the final body for "
+        "max(10, head epochs) epochs (the authors' code)",
+    )
 
 
-class FedRepServer(ServerHalf):
+class BodyServer(ServerHalf):
+    """A global body, the sample-weighted mean of the uploaded bodies (FedRep, FedPer, FedBABU, FedPAC)."""
+
     def __init__(self, ctx: ServerContext) -> None:
         super().__init__(ctx)
         body_keys = ctx.model().body_keys()
@@ -69,6 +86,13 @@ class FedRepServer(ServerHalf):
 
     def evaluation_message(self, cid: int) -> Message:
         return Message("evaluate", self.body)
+
+
+class FedRepServer(BodyServer):
+    def run_round(self, rnd: int, clients: list[int], comm: Comm) -> None:
+        super().run_round(rnd, clients, comm)
+        if self.ctx.options.final_finetune and rnd == self.ctx.config.rounds:
+            comm.exchange({cid: Message("finetune", self.body) for cid in range(self.ctx.num_clients)})
 
 
 def train_only(
@@ -103,6 +127,15 @@ class FedRepClient(ClientHalf):
         ctx.state["head"] = ctx.weights(keys=model.head_keys())
         return ctx.reply(ctx.weights(keys=model.body_keys()))
 
+    def finetune(self, msg: Message, ctx: ClientContext) -> Message:
+        """The authors' last round: the head alone, max(10, τ_h) epochs, on the final body."""
+        opts: FedRepConfig = ctx.options
+        model = self._load(msg.tensors, ctx)
+        epochs = max(10, opts.head_epochs or ctx.train_config.local_epochs)
+        train_only(ctx, model.head, model.body, epochs)
+        ctx.state["head"] = ctx.weights(keys=model.head_keys())
+        return ctx.reply({})
+
     def evaluate(self, msg: Message, ctx: ClientContext) -> Message:
         self._load(msg.tensors, ctx)
         return ctx.evaluate()
@@ -115,5 +148,7 @@ FEDREP = Algorithm(
     client=FedRepClient,
     config=FedRepConfig,
     has_global_model=False,
-    reference=Reference("FedRep's paper, PFLlib", head="last"),
+    reference=Reference(
+        "the authors' code", head="last", momentum=0.5, weight_decay=1e-4, options={"final_finetune": True}
+    ),
 )
