@@ -254,6 +254,34 @@ def test_stale_folder_is_an_error_and_is_not_overwritten(tmp_path):
     assert not list((tmp_path / "runs").rglob("*.claim"))
 
 
+def test_supersede_keeps_stale_folders_apart_and_runs_them_anew(tmp_path):
+    path = sweep_file(tmp_path, "[methods.fedavg]\n[methods.local]\n")
+    stale, done = load_sweep(path).runs
+    fake_finished(stale, **{"train.lr": 0.5})
+    fake_finished(done)
+    old_summary = (stale.dir / "summary.json").read_text()
+    kept = tmp_path / "superseded" / "lr0.5" / "runs" / stale.dir.relative_to(tmp_path / "runs")
+    # a dry run says where it would go and moves nothing
+    res = invoke("sweep", path, "--dry-run", "--supersede", "lr0.5")
+    assert res.exit_code == 0 and str(kept) in res.output.replace("\n", ""), res.output
+    assert (stale.dir / "summary.json").read_text() == old_summary and not kept.exists()
+    # --force and --supersede exclude each other; a bad tag is refused before anything moves
+    assert invoke("sweep", path, "--force", "--supersede", "x").exit_code == 2
+    assert invoke("sweep", path, "--supersede", "a/b").exit_code == 2
+    assert (stale.dir / "summary.json").read_text() == old_summary
+    res = invoke("sweep", path, "--supersede", "lr0.5")
+    assert res.exit_code == 0, res.output
+    assert (kept / "summary.json").read_text() == old_summary  # the old run, whole, kept apart
+    assert json.loads((kept / "config.json").read_text())["train"]["lr"] == 0.5
+    assert run_status(stale).state == "done" and run_status(done).state == "done"
+    assert json.loads((stale.dir / "config.json").read_text())["train"]["lr"] == stale.config.train.lr
+    # the same tag again: the target exists, so a new stale folder is not moved over it
+    fake_finished(stale, **{"train.lr": 0.5})
+    res = invoke("sweep", path, "--supersede", "lr0.5")
+    assert res.exit_code == 2 and "exist already" in res.output, res.output
+    assert run_status(stale).state == "stale"
+
+
 def test_pid_lock_refuses_a_live_holder_and_takes_over_a_dead_one(tmp_path):
     path = tmp_path / "x.claim"
     mine = PidLock(path)

@@ -340,6 +340,12 @@ def sweep(
     seeds: Optional[str] = typer.Option(None, help="comma-separated subset of the file's seeds, e.g. 0,1"),
     dry_run: bool = typer.Option(False, "--dry-run", help="list the runs with their status; run nothing"),
     force: bool = typer.Option(False, "--force", help="rerun finished runs whose config differs (stale)"),
+    supersede: Optional[str] = typer.Option(
+        None,
+        "--supersede",
+        metavar="TAG",
+        help="move stale runs to {out}/../superseded/TAG/{out name}/ (kept whole), then run them anew",
+    ),
     rerun_diverged: bool = typer.Option(False, "--rerun-diverged", help="rerun runs that diverged (kept otherwise)"),
     out: Optional[Path] = typer.Option(None, "--out", help="folder of the runs (overrides the file's `out`)"),
     time_limit: Optional[str] = typer.Option(
@@ -368,6 +374,7 @@ def sweep(
             stdout=Console(),
             time_limit=time_limit,
             rerun_diverged=rerun_diverged,
+            supersede_tag=supersede,
         )
     except FedtailError as err:
         fail(str(err))

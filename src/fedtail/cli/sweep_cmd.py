@@ -29,6 +29,7 @@ from fedtail.sweep import (
     load_sweep,
     oversubscription,
     run_status,
+    supersede,
     to_run,
 )
 from fedtail.sweep.estimate import Estimate, WallTimes, describe, estimate, learned
@@ -164,6 +165,7 @@ def sweep_command(
     time_limit: str | None = None,
     rerun_diverged: bool = False,
     seeds: list[int] | None = None,
+    supersede_tag: str | None = None,
 ) -> int:
     """``fedtail sweep``: 0 unless a run failed (then 1).
 
@@ -173,6 +175,8 @@ def sweep_command(
     """
     if jobs is not None and jobs < 1:
         raise ConfigError(f"--jobs must be >= 1 (got {jobs})")
+    if force and supersede_tag is not None:
+        raise ConfigError("--force and --supersede: choose one (--force replaces stale results, --supersede keeps them)")
     limit = None if time_limit is None else parse_duration(time_limit)
     deadline = None if limit is None else time.monotonic() + 60 * limit  # counted from the start
     plan = load_sweep(file, out=out, settings=settings, methods=methods, seeds=seeds)
@@ -184,6 +188,9 @@ def sweep_command(
         stdout.print(table)
         for note in notes:
             stdout.print(note, highlight=False, soft_wrap=True)
+        if supersede_tag is not None:
+            for src, dst in supersede(statuses, plan, supersede_tag, move=False):
+                stdout.print(f"--supersede would move {src} -> {dst}", highlight=False, soft_wrap=True)
         summary = ", ".join(f"{n} {state}" for state, n in count(statuses, plan).items())
         stdout.print(f"{summary}; {describe(est, n_jobs)} (dry run: nothing was run)", soft_wrap=True)
         return 0
@@ -192,11 +199,16 @@ def sweep_command(
         if value is not None:
             argv += [flag, ",".join(map(str, value)) if isinstance(value, list) else str(value)]
     argv += ["--force"] if force else []
+    argv += ["--supersede", supersede_tag] if supersede_tag is not None else []
     argv += ["--rerun-diverged"] if rerun_diverged else []
     argv += ["--time-limit", time_limit] if time_limit is not None else []
     say = lambda text: console.print(text, highlight=False, soft_wrap=True)  # noqa: E731
     busy = busy_dirs()
     statuses = [run_status(r, busy) for r in plan.runs]
+    if supersede_tag is not None:
+        for src, dst in supersede(statuses, plan, supersede_tag):
+            say(escape(f"superseded: {src} -> {dst}"))
+        statuses = [run_status(r, busy) for r in plan.runs]
     times = learned(statuses)  # read once: the header's estimate, then the time limit's guesses
     selected = plan.selected_dirs()
     check_stale([s for s in statuses if s.run.dir in selected], force)

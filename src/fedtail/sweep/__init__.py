@@ -65,6 +65,7 @@ from fedtail.sweep.status import (
     config_diff,
     count,
     run_status,
+    supersede,
     to_run,
 )
 
@@ -82,6 +83,7 @@ __all__ = [
     "config_diff",
     "count",
     "load_sweep",
+    "supersede",
     "oversubscription",
     "run_status",
     "to_run",

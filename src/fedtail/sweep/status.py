@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -116,9 +117,32 @@ def check_stale(statuses: list[RunStatus], force: bool) -> None:
     if stale and not force:
         lines = [f"{s.run.dir}: {s.note}" for s in stale]
         raise ConfigError(
-            f"{len(stale)} finished run folder(s) hold a different config; pass --force to rerun them "
-            "(their results are replaced) or change `out`:\n  " + "\n  ".join(lines)
+            f"{len(stale)} finished run folder(s) hold a different config; pass --supersede TAG to keep "
+            "them under superseded/TAG and rerun them, --force to rerun them in place (their results are "
+            "replaced), or change `out`:\n  " + "\n  ".join(lines)
         )
+
+
+def superseded_dir(sweep: Sweep, run_dir: Path, tag: str) -> Path:
+    """Where ``--supersede TAG`` keeps a stale folder: ``{out}/../superseded/TAG/{out name}/...``."""
+    return sweep.out.parent / "superseded" / tag / sweep.out.name / run_dir.relative_to(sweep.out)
+
+
+def supersede(statuses: list[RunStatus], sweep: Sweep, tag: str, move: bool = True) -> list[tuple[Path, Path]]:
+    """Move the selected stale (finished, other config) folders out of the sweep's way, kept whole
+    under :func:`superseded_dir`; returns ``(from, to)`` pairs. Nothing moves if any target exists."""
+    if not tag or "/" in tag or tag in (".", ".."):
+        raise ConfigError(f"--supersede {tag!r}: give a folder name, e.g. a date or what changed")
+    selected = sweep.selected_dirs()
+    moves = [(s.run.dir, superseded_dir(sweep, s.run.dir, tag)) for s in statuses if s.state == "stale" and s.run.dir in selected]
+    taken = [str(dst) for _, dst in moves if dst.exists()]
+    if taken:
+        raise ConfigError("--supersede: these folders exist already; choose another tag:\n  " + "\n  ".join(taken))
+    if move:
+        for src, dst in moves:
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(str(src), str(dst))
+    return moves
 
 
 def count(statuses: list[RunStatus], sweep: Sweep) -> dict[str, int]:
