@@ -56,7 +56,8 @@ def test_every_algorithm_survives_dropouts_and_a_round_where_every_client_fails(
     logs = round_logs(rows)
     for log in logs:
         lost = dropped_clients(config.seed, log["round"], log["clients"], 0.3)
-        if name in ("fedgroup", "flhc"):  # they also message clients not sampled (pre-training, clustering)
+        # they also message clients not sampled (pre-training, clustering; FedRep's final head fine-tuning)
+        if name in ("fedgroup", "flhc") or (name == "fedrep" and log["round"] == config.rounds):
             assert log["dropped"] >= len(lost) and log["replied"] + log["dropped"] >= log["sampled"]
         else:
             assert log["dropped"] == len(lost) and log["replied"] == log["sampled"] - len(lost)

@@ -516,8 +516,11 @@ def test_bad_options_are_rejected(assignment, needle):
 
 
 def test_without_stages_and_without_glpr_it_is_fedrep_exactly():
-    # L_GLPR off and, without stages, L_LPR is 0: FedRep's schedule on the same split
-    rep_rows, rep = run(tiny_config(algorithm="fedrep", options={"head_epochs": 2, "body_epochs": 1}))
+    # L_GLPR off and, without stages, L_LPR is 0: FedRep's schedule on the same split (and GLDP's
+    # optimizer: plain SGD, no final head fine-tuning, not FedRep's reference settings)
+    rep_options = {"head_epochs": 2, "body_epochs": 1, "final_finetune": False}
+    plain_sgd = {"momentum": 0.0, "weight_decay": 0.0}
+    rep_rows, rep = run(tiny_config(algorithm="fedrep", options=rep_options, train=plain_sgd))
     options = {"glpr": False, "predict": "head", "shared_weighting": "samples", "global_model": "none",
                "head_epochs": 2, "body_epochs": 1}  # fmt: skip
     rows, sim = run(tiny_config(algorithm="gldp", options=options))
