@@ -13,8 +13,9 @@ import torch
 
 from conftest import tiny_raw
 from fedtail.algorithms import ALGORITHMS
-from fedtail.components import build_config
+from fedtail.components import algorithm_options, build_config, resolved_options
 from fedtail.config import RunConfig
+from fedtail.report.runfiles import config_diff
 from fedtail.data.fixtures import write_idx_dataset
 from fedtail.errors import ConfigError
 from fedtail.models import HEADS, build_model
@@ -130,8 +131,21 @@ def test_runs_get_the_options_their_reference_code_uses(algorithm, expected):
     options = build_config(raw(algorithm=algorithm)).options
     assert {k: options[k] for k in expected} == expected
     # without the reference (a stored config read literally) the option defaults stand
-    bare = build_config(raw(algorithm=algorithm), reference=False).options
-    assert all(bare.get(k) != v for k, v in expected.items() if k in bare)
+    bare = algorithm_options(build_config(raw(algorithm=algorithm), reference=False))
+    assert all(getattr(bare, k) != v for k, v in expected.items())
+
+
+def test_a_stored_config_without_an_option_means_the_options_default_not_the_reference():
+    # a FedPAC run stored before `aggregation` existed ran with the class-count weighting, the
+    # option's default, although its reference (PFLlib) is now the uniform mean
+    stored = build_config(raw(algorithm="fedpac")).model_dump(mode="json")
+    del stored["options"]["aggregation"]
+    assert resolved_options(stored)["options"]["aggregation"] == "weighted"
+    planned = build_config(raw(algorithm="fedpac")).model_dump(mode="json")
+    assert planned["options"]["aggregation"] == "uniform"
+    assert config_diff(stored, planned) == ['options.aggregation: "weighted" -> "uniform"']
+    as_it_ran = build_config(raw(algorithm="fedpac", options={"aggregation": "weighted"})).model_dump(mode="json")
+    assert config_diff(stored, as_it_ran) == []
 
 
 def test_what_a_run_sets_wins_over_the_reference():

@@ -258,22 +258,23 @@ def _complete(spec: Any, options: dict[str, Any]) -> dict[str, Any]:
 
 
 def resolved_options(config: dict[str, Any]) -> dict[str, Any]:
-    """``config`` (a config.json dict) with its algorithm's options completed by today's defaults
-    (reference options included); unchanged when the algorithm cannot be loaded.
+    """``config`` (a config.json dict) with its algorithm's options completed by the options'
+    defaults; unchanged when the algorithm cannot be loaded.
 
-    Runs stored before options were written out in full name only the options they set; this
-    makes them comparable with full configs, on the assumption (checked for the defaults changed
-    since, see docs/sweeps.md) that the defaults they ran with are today's."""
+    Runs stored before options were written out in full name only the options they set, and a
+    run stored before an option existed does not name it; this makes them comparable with full
+    configs. A missing option is completed with its default, not with a reference value: every
+    reference value a run received is written into its config (:func:`apply_reference`), and a
+    new option's default is the behaviour the code had before the option existed, so the default
+    is what such a run ran with (docs/sweeps.md lists the defaults changed since, whose folders
+    were given the values they ran with)."""
     if not isinstance(config, dict) or not isinstance(config.get("options", {}), dict):
         return config
     try:
         spec = algorithm(str(config.get("algorithm", "fedavg")))
     except ConfigError:
         return config
-    options = dict(config.get("options") or {})
-    for key, value in spec.reference.options.items():
-        options.setdefault(key, value)
-    return config | {"options": _complete(spec, options)}
+    return config | {"options": _complete(spec, dict(config.get("options") or {}))}
 
 
 def build_config(

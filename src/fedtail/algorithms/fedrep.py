@@ -19,7 +19,11 @@ with one more round in which every client, sampled or not, trains its head alone
 global body for max(10, τ_h) epochs (their ``max(10, local_ep − local_rep_ep)``) and is then
 evaluated; the body is not updated. Here that is an exchange with every client after the last
 round's aggregation (``finetune``); a client whose reply is missing keeps its head. The paper's
-Algorithm 1 has no such round, so the option's default is off.
+Algorithm 1 has no such round, so the option's default is off. The fine-tuning counts epochs
+even in a run with ``--local-steps`` (as the authors' code does), trains on the client's current
+data (with stage tasks: the last stage's only, so a head may forget the earlier stages' classes,
+as FedRep would in that setting), and does not happen if the last round itself is skipped (no
+reply at all). Its training and replies count in the last round's log (samples, loss, replied).
 
 Missing replies (``--dropout``, rejected replies): φ^{t+1} is the sample-weighted mean of the
 bodies that arrived; a client that did not reply keeps its head h_i unchanged.

@@ -156,11 +156,14 @@ def setting_label(config: dict[str, Any]) -> str:
 
 
 def method_label(config: dict[str, Any]) -> str:
-    """The algorithm name, with the options that differ from their defaults: ``mupfl(kappa=2)``."""
-    from fedtail.components import resolved_options
+    """The algorithm name, with the options that differ from what a run gets by default (the
+    option defaults and the algorithm's reference options): ``mupfl(kappa=2)``."""
+    from fedtail.components import apply_reference
 
     given = config.get("options") or {}
-    defaults = resolved_options({"algorithm": config.get("algorithm"), "options": {}}).get("options") or {}
+    plain = {"algorithm": config.get("algorithm"), "options": {}}
+    apply_reference(plain)
+    defaults = plain.get("options") or {}
     options = {k: v for k, v in given.items() if k not in defaults or defaults[k] != v}
     name = str(config.get("algorithm", "?"))
     if options:

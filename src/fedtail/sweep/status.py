@@ -125,7 +125,8 @@ def check_stale(statuses: list[RunStatus], force: bool) -> None:
 
 def superseded_dir(sweep: Sweep, run_dir: Path, tag: str) -> Path:
     """Where ``--supersede TAG`` keeps a stale folder: ``{out}/../superseded/TAG/{out name}/...``."""
-    return sweep.out.parent / "superseded" / tag / sweep.out.name / run_dir.relative_to(sweep.out)
+    out = sweep.out.resolve()  # `--out .` or `..` would otherwise nest it in `out` or drop the tag
+    return out.parent / "superseded" / tag / out.name / run_dir.resolve().relative_to(out)
 
 
 def supersede(statuses: list[RunStatus], sweep: Sweep, tag: str, move: bool = True) -> list[tuple[Path, Path]]:
