@@ -145,12 +145,17 @@ def _digits_resnet(**overrides) -> RunConfig:
 @pytest.mark.parametrize(
     "make",
     [
-        # plain SGD, 100 samples per client: 7 steps each
-        lambda algorithm: tiny_config(algorithm=algorithm, partition={"scheme": "iid", "num_clients": 4}),
+        # plain SGD, 100 samples per client: 7 steps each (weight decay set for both: FedNova's
+        # reference has the authors' 1e-4, which enters the gradient, not ‖a‖₁)
+        lambda algorithm: tiny_config(
+            algorithm=algorithm, partition={"scheme": "iid", "num_clients": 4}, train={"weight_decay": 1e-4}
+        ),
         # momentum, and BatchNorm buffers (running stats, integer num_batches_tracked); 359-360
         # samples per client, batch 64: 6 steps each
         lambda algorithm: _digits_resnet(
-            algorithm=algorithm, partition={"scheme": "iid", "num_clients": 4}, train={"batch_size": 64, "momentum": 0.9}
+            algorithm=algorithm,
+            partition={"scheme": "iid", "num_clients": 4},
+            train={"batch_size": 64, "momentum": 0.9, "weight_decay": 0.0},
         ),
     ],
     ids=["mlp-sgd", "resnet8-momentum"],
@@ -187,6 +192,12 @@ def test_fednova_with_unequal_steps_differs_from_fedavg():
     sizes = [len(fednova.partition.clients[c].train) for c in log["clients"]]
     steps = [-(-n // 16) for n in sizes]
     assert log["tau_eff"] == pytest.approx(sum(n * s for n, s in zip(sizes, steps)) / sum(sizes))
+
+
+def test_fednova_runs_with_its_authors_weight_decay_unless_a_run_sets_one():
+    assert tiny_config(algorithm="fednova").train.weight_decay == pytest.approx(1e-4)
+    assert tiny_config(algorithm="fednova", train={"weight_decay": 0.0}).train.weight_decay == 0
+    assert tiny_config(algorithm="fedavg").train.weight_decay == 0
 
 
 def test_fednova_client_reports_its_momentum_normalizer():
@@ -238,15 +249,38 @@ def test_ditto_large_lambda_keeps_the_personal_model_near_the_global():
     assert drift[10.0] < 0.2 * drift[0.0]
 
 
-def test_ditto_evaluates_the_personal_model_if_any_else_the_global():
-    rt = runtime(tiny_config(algorithm="ditto"))
-    glob = rt.workspace.init_weights
-    personal = {k: v + 0.3 * torch.randn(v.shape, generator=torch.Generator().manual_seed(0)) for k, v in glob.items()}
-    with_personal = evaluate(rt, 3, glob, {"personal": personal})
-    as_message = evaluate(rt, 3, personal, {})
-    plain = evaluate(rt, 3, glob, {})
-    assert torch.equal(with_personal.tensors["correct"], as_message.tensors["correct"])
-    assert not torch.equal(with_personal.tensors["correct"], plain.tensors["correct"])
+def test_ditto_evaluates_the_personal_model_if_any_else_its_start():
+    """With a personal model, that; without one (never sampled), the received global model
+    (``personal_init = received``) or the run's initial model w^0 (``initial``, the reference)."""
+    config = tiny_config(algorithm="ditto")
+    rt = runtime(config)
+    init = rt.workspace.init_weights
+    other = {k: v + 0.3 * torch.randn(v.shape, generator=torch.Generator().manual_seed(0)) for k, v in init.items()}
+    assert rt.options.personal_init == "initial"  # the reference setting
+
+    def correct(tensors, state):
+        return evaluate(rt, 3, tensors, state).tensors["correct"]
+
+    assert torch.equal(correct(init, {"personal": other}), correct(other, {"personal": other}))
+    assert torch.equal(correct(other, {}), correct(init, {}))  # w^0, whatever arrives
+    assert not torch.equal(correct(other, {}), correct(init, {"personal": other}))
+    set_options(rt, config, personal_init="received")
+    assert torch.equal(correct(other, {}), correct(init, {"personal": other}))  # the message
+
+
+@pytest.mark.parametrize("personal_init", ["received", "initial"])
+def test_ditto_first_personal_model_starts_where_personal_init_says(personal_init):
+    config = tiny_config(algorithm="ditto")
+    rt = runtime(config)
+    set_options(rt, config, personal_init=personal_init)
+    init = rt.workspace.init_weights
+    received = {k: v + 0.3 * torch.randn(v.shape, generator=torch.Generator().manual_seed(1)) for k, v in init.items()}
+    _, first = fit(rt, 2, received)  # the client's first round: no personal model yet
+    start = received if personal_init == "received" else init
+    _, stored = fit(rt, 2, received, {"personal": start})  # the same round from an explicit start
+    assert_same(first["personal"], stored["personal"])
+    _, elsewhere = fit(rt, 2, received, {"personal": init if personal_init == "received" else received})
+    assert distance(first["personal"], elsewhere["personal"]) > 1e-3
 
 
 # --- FedRep ------------------------------------------------------------------------------------

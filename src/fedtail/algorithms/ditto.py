@@ -8,8 +8,19 @@ FedAvg, each client k learns a personal model v_k for
 In round t a sampled client (a) trains the received w^t for E epochs and uploads the result (the
 FedAvg update; the server is FedAvg's), and (b) trains its own v_k with the proximal term towards
 the same w^t it received, then keeps v_k. Only the global model ever leaves the client.
-A client's personal model starts from the global model it receives the first time it is sampled;
-clients never sampled are evaluated with the current global model.
+
+Where v_k starts (``personal_init``; the paper does not say): ``received`` (the option default)
+starts it from the global model the client receives the first time it is sampled, and evaluates a
+client never sampled with the current global model; ``initial`` starts every v_k from the run's
+initial model w^0 and evaluates a client never sampled with w^0, as the authors' code
+(litian96/ditto, ``local_models`` copies of the initial model) and PFLlib (``model_per`` a copy of
+the initial model) do: Ditto's reference setting.
+
+Interpretations beside that: the authors' code alternates one personal and one global step on
+each mini-batch and samples clients with probability ∝ n_k, averaging uniformly; fedtail trains
+the global model's epochs, then the personal ones (as PFLlib), and samples uniformly with an
+n_k-weighted average (as FedAvg and PFLlib). Both give the personal model as many steps as the
+global one (``personal_epochs`` null), as the authors' code does (PFLlib defaults to 1 epoch).
 
 Default λ = 1 (*interpretation*): the paper picks λ per device on validation data from {0.1, 1, 2}
 outside strong attacks, and uses the fixed λ = 1 there when a device has too few validation samples.
@@ -22,11 +33,11 @@ replies that arrived; a client that did not reply keeps its personal model v_k u
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
-from fedtail.algorithms.base import Algorithm, AlgorithmConfig, Message, PersonalClient
+from fedtail.algorithms.base import Algorithm, AlgorithmConfig, Message, PersonalClient, Reference
 from fedtail.algorithms.fedavg import FedAvgServer
 from fedtail.algorithms.fedprox import proximal_term
 
@@ -39,9 +50,23 @@ class DittoConfig(AlgorithmConfig):
     personal_epochs: int | None = Field(
         None, ge=1, description="epochs on the personal model per round (null: the run's --local-epochs)"
     )
+    personal_init: Literal["received", "initial"] = Field(
+        "received",
+        description="where a personal model starts: the first global model the client receives (received), "
+        "or the run's initial model w^0 (initial: the authors' code and PFLlib; also what an unsampled client "
+        "is evaluated with)",
+    )
 
 
 class DittoClient(PersonalClient):
+    def _start(self, msg: Message, ctx: ClientContext):
+        """The personal model before this client's first training (see ``personal_init``)."""
+        return ctx.init_weights if ctx.options.personal_init == "initial" else msg.tensors
+
+    def evaluate(self, msg: Message, ctx: ClientContext) -> Message:
+        ctx.load(ctx.state.get("personal", self._start(msg, ctx)))
+        return ctx.evaluate()
+
     def fit(self, msg: Message, ctx: ClientContext) -> Message:
         opts: DittoConfig = ctx.options
         # (a) the global update, exactly as in FedAvg.
@@ -49,7 +74,7 @@ class DittoClient(PersonalClient):
         ctx.train()
         upload = ctx.weights()
         # (b) the personal model, pulled towards the w^t received this round (not the update above).
-        personal = ctx.load(ctx.state.get("personal", msg.tensors), role="personal")
+        personal = ctx.load(ctx.state.get("personal", self._start(msg, ctx)), role="personal")
         ctx.train(
             "personal",
             epochs=opts.personal_epochs,
@@ -65,4 +90,5 @@ DITTO = Algorithm(
     server=FedAvgServer,
     client=DittoClient,
     config=DittoConfig,
+    reference=Reference("the authors' code (litian96/ditto); PFLlib alike", options={"personal_init": "initial"}),
 )

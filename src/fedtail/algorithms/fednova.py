@@ -16,6 +16,13 @@ with p_i = n_i / Σ_{j∈S_t} n_j, sets
 
 When every client takes the same number of plain-SGD steps this is exactly FedAvg.
 
+Reference settings: the authors' code (JYWa/FedNova, ``train_LocalSGD.py``) trains every method
+with weight decay 10⁻⁴ (hard-coded) and momentum 0 by default; weight decay enters the gradient,
+so ‖a_i‖₁ is unchanged. Its proximal variant (``mu``) and server momentum (``gmf``) default to 0
+and are not implemented; its step-decay learning-rate schedule belongs to its experiments, so a
+run keeps the benchmark's schedule. The authors' workers keep their own BatchNorm buffers; here
+they are averaged with weights n_i (no model of MuPFL's Table II has BatchNorm).
+
 Missing replies (``--dropout``, rejected replies): p_i, Σ_i p_i d_i and τ_eff are taken over the
 clients that replied (p_i = n_i / Σ_j n_j over them), as if the others had not been sampled.
 """
@@ -25,7 +32,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from fedtail.algorithms.aggregate import WeightedMean
-from fedtail.algorithms.base import Algorithm, ClientHalf, Comm, Message, ServerHalf, Tensors
+from fedtail.algorithms.base import Algorithm, ClientHalf, Comm, Message, Reference, ServerHalf, Tensors
 
 if TYPE_CHECKING:
     from fedtail.engine.context import ClientContext, ServerContext
@@ -55,6 +62,9 @@ class FedNovaServer(ServerHalf):
             n = reply.metrics["num_examples"]
             mean.add(reply.tensors, n)
             tau_sum += n * reply.metrics["a_norm"]
+        if mean.total <= 0:  # no reply carried a training sample: nothing to average
+            comm.log(tau_eff=0.0)
+            return
         tau_eff = tau_sum / mean.total
         avg = mean.result()
         self.weights = {
@@ -72,8 +82,10 @@ class FedNovaClient(ClientHalf):
         stats = ctx.train()
         a_norm = normalizer(stats.steps, ctx.train_config.momentum)
         params = {name for name, _ in model.named_parameters()}
+        # A client without training samples took no step: no direction to normalise (and n_i = 0).
+        divisor = a_norm if a_norm > 0 else float("inf")
         update = {
-            name: (msg.tensors[name] - value) / a_norm if name in params else value
+            name: (msg.tensors[name] - value) / divisor if name in params else value
             for name, value in ctx.weights().items()
         }
         return ctx.reply(update, a_norm=a_norm)
@@ -85,4 +97,5 @@ FEDNOVA = Algorithm(
     server=FedNovaServer,
     client=FedNovaClient,
     personal_model=False,
+    reference=Reference("the authors' code (JYWa/FedNova)", weight_decay=1e-4),
 )
