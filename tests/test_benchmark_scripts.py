@@ -1,0 +1,33 @@
+"""Benchmark scripts that compute numbers a README quotes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_rounds_slope_reads_the_rule_and_the_slopes_from_a_run(tmp_path):
+    # accuracy 50 % + 1 point per 100 rounds (rounds 5, 10, ..., 200), then flat after round 150
+    rows = [{"round": r, "personalized_acc": (50 + 0.01 * min(r, 150)) / 100} for r in range(5, 201, 5)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks/fedrema/rounds_slope.py"), str(tmp_path)],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert "| 80-100 | 50.90 |" in out  # the mean of rounds 80, 85, ..., 100
+    assert "| 180-200 | 51.50 |" in out
+    assert "+0.60 points" in out
+    assert "| 50-100 | 11 | 1.0 |" in out
+    assert "| 150-200 | 11 | 0.0 |" in out or "| 150-200 | 11 | -0.0 |" in out  # flat: ±0 by rounding
+    assert "200-250" not in out  # no window without evaluations
+
+
+def test_rounds_slope_refuses_a_run_without_evaluations(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"round": 1}) + "\n")
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks/fedrema/rounds_slope.py"), str(tmp_path)],
+                         capture_output=True, text=True)  # fmt: skip
+    assert res.returncode != 0 and "no evaluated round" in res.stderr
