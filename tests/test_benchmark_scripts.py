@@ -31,3 +31,16 @@ def test_rounds_slope_refuses_a_run_without_evaluations(tmp_path):
     res = subprocess.run([sys.executable, str(ROOT / "benchmarks/fedrema/rounds_slope.py"), str(tmp_path)],
                          capture_output=True, text=True)  # fmt: skip
     assert res.returncode != 0 and "no evaluated round" in res.stderr
+
+
+def test_stage_classes_counts_the_classes_of_every_stage_task(tmp_path):
+    stages = [{"classes": [0, 1, 2]}, {"classes": [0, 1, 2, 3]}, {"classes": [4, 5, 6, 7]}, {"classes": [1, 2, 3, 4]}]
+    folder = tmp_path / "stages" / "20-4-5-if50" / "fedavg" / "seed0"
+    folder.mkdir(parents=True)
+    (folder / "partition.json").write_text(json.dumps({"clients": [{"stages": stages[:2]}, {"stages": stages[2:]}]}))
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks/gldp/stage_classes.py"), str(tmp_path)],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert "| setting | 3 classes | 4 classes |" in out
+    assert "| 20-4-5-if50 | 25 % | 75 % |" in out
