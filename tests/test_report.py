@@ -178,6 +178,8 @@ def test_costs_table(sweep_dir, tmp_path):
     costs = md.read_text().split("## Costs", 1)[1].split("\n## ")[0]
     # 2e6 bytes up over 4 rounds = 0.5 MB per round; down is twice that; 120 s = 2 minutes
     assert "| fedavg | s-b | 3 | 2.00 | 0.500 | 1.000 | 0.000 |" in costs
+    # 8 finished runs of 2 minutes each (the killed run has no wall time): 16 min
+    assert "In total 8 timed runs, 0.3 h of wall time" in costs
 
 
 def test_header_names_commands_and_machine(sweep_dir, tmp_path):

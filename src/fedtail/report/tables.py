@@ -299,6 +299,7 @@ def costs_table_of(groups: list[tuple[str, str, list[Run]]]) -> str:
     """
     header = ["method", "setting", "runs", "wall min / run", "MB up / round", "MB down / round", "MB edge→server / round"]
     rows = []
+    total_min, total_runs = 0.0, 0
     for m, s, runs in groups:
         if not runs:
             continue
@@ -313,6 +314,8 @@ def costs_table_of(groups: list[tuple[str, str, list[Run]]]) -> str:
             for key in per_round:
                 if isinstance(traffic.get(key), (int, float)) and isinstance(rounds, int) and rounds > 0:
                     per_round[key].append(traffic[key] / rounds / 1e6)
+        total_min += sum(wall)
+        total_runs += len(wall)
         fmt = lambda v, d=2: DASH if v is None else f"{v:.{d}f}"  # noqa: E731
         rows.append(
             [m, s, str(len(runs)), fmt(_mean(wall), 2)]
@@ -320,7 +323,9 @@ def costs_table_of(groups: list[tuple[str, str, list[Run]]]) -> str:
         )
     if not rows:
         return "_No finished runs._"
-    return markdown_table(header, rows, ["l", "l", "r", "r", "r", "r", "r"])
+    table = markdown_table(header, rows, ["l", "l", "r", "r", "r", "r", "r"])
+    # the sum a compute budget is checked against (runs sharing the cores each count their own wall time)
+    return table + f"\n\nIn total {total_runs} timed runs, {total_min / 60:.1f} h of wall time (the sum over runs)."
 
 
 def incomplete_cells(col: Collection) -> list[str]:
