@@ -11,10 +11,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad
 
-from conftest import tiny_config
+from conftest import tiny_config, tiny_raw
+
 from fedtail.algorithms.apfl import mix, mixed_backward
 from fedtail.engine.context import derive_seed
-from fedtail.components import algorithm_options
+from fedtail.components import algorithm_options, build_config
 from helpers import (
     assert_config_error,
     assert_same,
@@ -28,6 +29,18 @@ from helpers import (
     softmax_regression_grad,
     strip_timing,
 )
+
+
+# The paper's reading, without the reference code's weight decay, initial v and local-w evaluation:
+# the tests that compare with formulas or with FedAvg pin it.
+PAPER = {"personal_start": "global", "eval_w": "global"}
+
+
+def apfl_config(options: dict | None = None, train: dict | None = None, **overrides):
+    """A tiny APFL run in the paper's reading (options and train settings override it)."""
+    return tiny_config(
+        algorithm="apfl", options=PAPER | (options or {}), train={"weight_decay": 0.0} | (train or {}), **overrides
+    )
 
 
 def _noisy(weights: dict, scale: float, seed: int) -> dict:
@@ -104,7 +117,7 @@ def _reference_step(rt, config, cid, w0, v0, alpha, alpha_lr, mix_w):
 
 @pytest.mark.parametrize("mix_w", ["updated", "previous"])
 def test_one_client_step_equals_the_hand_computed_update_of_w_v_and_alpha(mix_w):
-    config = tiny_config(algorithm="apfl", train={"local_steps": 1}, options={"alpha_lr": 1.0, "mix_w": mix_w})
+    config = apfl_config(train={"local_steps": 1}, options={"alpha_lr": 1.0, "mix_w": mix_w})
     rt = runtime(config)
     cid, w0 = 2, rt.workspace.init_weights
     v0 = _noisy(w0, 0.05, seed=3)
@@ -126,7 +139,7 @@ def test_one_client_step_equals_the_hand_computed_update_of_w_v_and_alpha(mix_w)
 
 
 def test_alpha_is_clipped_to_the_unit_interval():
-    config = tiny_config(algorithm="apfl", options={"alpha_lr": 1e4})  # steps far beyond [0, 1]
+    config = apfl_config(options={"alpha_lr": 1e4})  # steps far beyond [0, 1]
     rt = runtime(config)
     start = rt.workspace.init_weights
     alphas = []
@@ -140,7 +153,7 @@ def test_alpha_is_clipped_to_the_unit_interval():
 
 
 def test_fixed_alpha_stays_while_v_learns():
-    config = tiny_config(algorithm="apfl", options={"alpha": 0.3, "adaptive": False})
+    config = apfl_config(options={"alpha": 0.3, "adaptive": False})
     rt = runtime(config)
     start = rt.workspace.init_weights
     _, state = fit(rt, 1, start)
@@ -151,7 +164,7 @@ def test_fixed_alpha_stays_while_v_learns():
 
 
 def test_adaptive_alpha_starts_from_the_option_and_moves():
-    config = tiny_config(algorithm="apfl", options={"alpha": 0.8})
+    config = apfl_config(options={"alpha": 0.8})
     rt = runtime(config)
     _, fresh = fit(rt, 3, rt.workspace.init_weights)
     assert fresh["alpha"] != pytest.approx(0.8) and abs(fresh["alpha"] - 0.8) < 0.05  # small steps from the option's α
@@ -164,7 +177,7 @@ def test_adaptive_alpha_starts_from_the_option_and_moves():
 
 
 def test_only_w_is_uploaded_and_it_is_fedavgs_local_model():
-    config = tiny_config(algorithm="apfl", options={"alpha_lr": 0.5})
+    config = apfl_config(options={"alpha_lr": 0.5})
     rt = runtime(config)
     start = _noisy(rt.workspace.init_weights, 0.05, seed=1)
     state = {"v": _noisy(start, 0.2, seed=2), "alpha": 0.6}
@@ -177,7 +190,7 @@ def test_only_w_is_uploaded_and_it_is_fedavgs_local_model():
 
 
 def test_local_eval_w_keeps_the_uploaded_w():
-    config = tiny_config(algorithm="apfl", options={"eval_w": "local"})
+    config = apfl_config(options={"eval_w": "local"})
     rt = runtime(config)
     answer, state = fit(rt, 0, rt.workspace.init_weights)
     assert set(state) == {"v", "alpha", "w"}
@@ -187,7 +200,7 @@ def test_local_eval_w_keeps_the_uploaded_w():
 @pytest.mark.parametrize("personal_start", ["global", "initial"])
 def test_v_starts_from_the_chosen_model_then_from_the_state(personal_start):
     # α = 0 fixed: v gets no gradient, so it stays where it started
-    config = tiny_config(algorithm="apfl", options={"alpha": 0.0, "adaptive": False, "personal_start": personal_start})
+    config = apfl_config(options={"alpha": 0.0, "adaptive": False, "personal_start": personal_start})
     rt = runtime(config)
     glob = _noisy(rt.workspace.init_weights, 0.05, seed=5)
     _, state = fit(rt, 2, glob)
@@ -212,7 +225,7 @@ def _same_eval(a, b) -> bool:
 
 
 def test_evaluation_mixes_v_with_the_latest_global_model():
-    rt = runtime(tiny_config(algorithm="apfl"))
+    rt = runtime(apfl_config())
     glob = _noisy(rt.workspace.init_weights, 0.1, seed=7)
     v = _noisy(glob, 0.5, seed=8)
     cid = 3
@@ -224,7 +237,7 @@ def test_evaluation_mixes_v_with_the_latest_global_model():
 
 
 def test_local_eval_w_mixes_the_clients_own_w():
-    rt = runtime(tiny_config(algorithm="apfl", options={"eval_w": "local"}))
+    rt = runtime(apfl_config(options={"eval_w": "local"}))
     glob = _noisy(rt.workspace.init_weights, 0.1, seed=7)
     local = _noisy(glob, 0.3, seed=9)
     v = _noisy(glob, 0.5, seed=8)
@@ -237,14 +250,14 @@ def test_local_eval_w_mixes_the_clients_own_w():
 
 def test_fixed_alpha_zero_is_exactly_fedavg():
     fed_rows, fedavg = run(tiny_config(algorithm="fedavg"))
-    rows, apfl = run(tiny_config(algorithm="apfl", options={"alpha": 0.0, "adaptive": False}))
+    rows, apfl = run(apfl_config(options={"alpha": 0.0, "adaptive": False}))
     assert_same(apfl.server.weights, fedavg.server.weights)
     assert strip_timing(rows) == strip_timing(fed_rows)
 
 
 def test_global_model_is_always_fedavgs_and_personalisation_changes_the_rest():
     fed_rows, fedavg = run(tiny_config(algorithm="fedavg"))
-    rows, apfl = run(tiny_config(algorithm="apfl"))
+    rows, apfl = run(apfl_config())
     assert_same(apfl.server.weights, fedavg.server.weights)
     assert [r["global_acc"] for r in rows] == [r["global_acc"] for r in fed_rows]
     assert [r["personalized_acc"] for r in rows] != pytest.approx([r["personalized_acc"] for r in fed_rows])
@@ -270,10 +283,37 @@ def test_bad_options_are_rejected(assignment, needle):
     assert_config_error("apfl", [assignment], needle)
 
 
-def test_defaults():
-    opts = algorithm_options(tiny_config(algorithm="apfl"))
-    assert (opts.alpha, opts.adaptive, opts.alpha_lr) == (0.5, True, None)
-    assert (opts.mix_w, opts.eval_w, opts.personal_start) == ("updated", "global", "global")
+def test_defaults_are_the_papers_and_a_run_gets_the_authors_code_settings():
+    # the options' defaults: the paper's reading (a stored config without them reads them so)
+    bare = algorithm_options(build_config(tiny_raw(algorithm="apfl"), reference=False))
+    assert (bare.alpha, bare.adaptive, bare.alpha_lr) == (0.5, True, None)
+    assert (bare.mix_w, bare.eval_w, bare.personal_start) == ("updated", "global", "global")
+    # a new run gets the reference: FedTorch's weight decay, initial v, evaluation before aggregating
+    config = tiny_config(algorithm="apfl")
+    opts = algorithm_options(config)
+    assert (opts.eval_w, opts.personal_start, opts.alpha, opts.adaptive) == ("local", "initial", 0.5, True)
+    assert (config.train.weight_decay, config.train.momentum) == (1e-4, 0.0)
+    # what a run sets wins
+    mine = tiny_config(algorithm="apfl", options={"eval_w": "global"}, train={"weight_decay": 0.0})
+    assert (algorithm_options(mine).eval_w, algorithm_options(mine).personal_start) == ("global", "initial")
+    assert mine.train.weight_decay == 0.0
+
+
+def test_the_reference_run_starts_v_at_w0_and_evaluates_with_the_clients_last_w():
+    rt = runtime(tiny_config(algorithm="apfl"))
+    glob = _noisy(rt.workspace.init_weights, 0.05, seed=4)
+    answer, state = fit(rt, 2, glob)
+    assert set(state) == {"v", "alpha", "w"}
+    assert_same(state["w"], answer.tensors)
+    # one local epoch from w0 (not from the received model): v stays closer to w0 than to glob
+    assert distance(state["v"], rt.workspace.init_weights) < distance(state["v"], glob)
+    later = _noisy(glob, 0.2, seed=11)  # a newer global model does not enter the evaluation
+    scored = evaluate(rt, 2, later, state)
+    by_hand = mix(state["v"], state["w"], state["alpha"])
+    assert _same_eval(scored, _plain(2, by_hand))
+    # a client state from before (no w) is evaluated with the message's w, not a KeyError
+    old = {"v": state["v"], "alpha": state["alpha"]}
+    assert _same_eval(evaluate(rt, 2, later, old), _plain(2, mix(state["v"], later, state["alpha"])))
 
 
 def test_runs_end_to_end(tmp_path):

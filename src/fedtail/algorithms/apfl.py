@@ -20,8 +20,10 @@ or α_i, the global model is FedAvg's, bit for bit.
 
 Defaults and *interpretations*:
 
-- ``alpha`` = 0.5, the initial α_i (the authors' code's default); ``adaptive`` = true. With
-  ``adaptive`` = false α_i stays at ``alpha``; α = 0 is then exactly FedAvg (evaluated with w).
+- ``alpha`` = 0.5, the initial α_i (the default of the authors' code's parameters.py; its
+  run_mpi.py launcher passes 0); ``adaptive`` = true, the paper's Algorithm 1 (the authors' code
+  adapts α only with --fed_adaptive_alpha). With ``adaptive`` = false α_i stays at ``alpha``;
+  α = 0 is then exactly FedAvg (evaluated with w).
 - ``alpha_lr`` = null: η_α is the run's learning rate, as in the paper's analysis (one step
   size η_t for all three updates) and the authors' code.
 - ``mix_w`` = "updated": v̄_i mixes the copy of w_i *after* this step's update (the authors'
@@ -43,6 +45,11 @@ Defaults and *interpretations*:
   with the same α_i and integer buffers taken from w. In training, the forward at v̄_i uses and
   updates v_i's own buffers.
 
+Reference (``fedtail list``): the authors' code (MLOPTPSU/FedTorch) trains with weight decay
+1e-4 and momentum 0, starts v_i at the common initial model (``personal_start`` = "initial") and
+evaluates a client after its local training, before aggregation (``eval_w`` = "local"). A run
+that sets none of these gets them; the option defaults above are the paper's reading.
+
 The authors' code differs from the paper in ways not followed here: it mixes the two models'
 outputs, α·v(x) + (1 − α)·w(x), rather than their parameters, and updates α once per round
 (first batch) with an extra 0.02·α term in its gradient.
@@ -60,7 +67,7 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch.func import functional_call
 
-from fedtail.algorithms.base import Algorithm, AlgorithmConfig, ClientHalf, Message, Tensors
+from fedtail.algorithms.base import Algorithm, AlgorithmConfig, ClientHalf, Message, Reference, Tensors
 from fedtail.algorithms.fedavg import FedAvgServer
 
 if TYPE_CHECKING:
@@ -174,7 +181,8 @@ class APFLClient(ClientHalf):
         if "v" not in ctx.state:  # never sampled: the global model
             ctx.load(msg.tensors)
         else:
-            w = ctx.state["w"] if opts.eval_w == "local" else msg.tensors
+            # a client state without w (written under eval_w = global) mixes the message's w
+            w = ctx.state.get("w", msg.tensors) if opts.eval_w == "local" else msg.tensors
             ctx.load(mix(ctx.state["v"], w, ctx.state["alpha"]))
         return ctx.evaluate()
 
@@ -185,4 +193,9 @@ APFL = Algorithm(
     server=FedAvgServer,
     client=APFLClient,
     config=APFLConfig,
+    reference=Reference(
+        "the authors' code (MLOPTPSU/FedTorch)",
+        weight_decay=1e-4,
+        options={"personal_start": "initial", "eval_w": "local"},
+    ),
 )

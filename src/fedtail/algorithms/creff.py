@@ -61,7 +61,7 @@ import torch
 from pydantic import Field
 
 from fedtail.algorithms.aggregate import WeightedMean
-from fedtail.algorithms.base import Algorithm, AlgorithmConfig, ClientHalf, Comm, Message, ServerHalf, Tensors
+from fedtail.algorithms.base import Algorithm, AlgorithmConfig, ClientHalf, Comm, Message, Reference, ServerHalf, Tensors
 from fedtail.algorithms.federated_features import (
     ClassGradientMean,
     FederatedFeatures,
@@ -209,4 +209,5 @@ CREFF = Algorithm(
     client=CReFFClient,
     config=CReFFConfig,
     personal_model=False,
+    reference=Reference("the authors' code (shangxinyi/CReFF-FL)"),
 )

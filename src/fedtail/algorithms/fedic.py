@@ -72,7 +72,7 @@ import torch.nn.functional as F
 from pydantic import Field
 
 from fedtail.algorithms.aggregate import WeightedMean
-from fedtail.algorithms.base import Algorithm, AlgorithmConfig, Comm, Message, ServerHalf, Tensors
+from fedtail.algorithms.base import Algorithm, AlgorithmConfig, Comm, Message, Reference, ServerHalf, Tensors
 from fedtail.algorithms.fedavg import FedAvgClient
 from fedtail.errors import ConfigError
 
@@ -420,4 +420,5 @@ FEDIC = Algorithm(
     client=FEDICClient,
     config=FEDICConfig,
     personal_model=False,
+    reference=Reference("the authors' code (FEDIC, on CReFF-FL's code base)"),
 )
