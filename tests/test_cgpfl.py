@@ -54,7 +54,9 @@ def test_bad_options_are_rejected_before_the_run(assignment, needle):
 
 
 def test_options_parse_and_default():
-    opts = algorithm_options(build_config(tiny_raw(algorithm="cgpfl")))
+    # a new run gets pFedMe's restart of θ_i every round (the reference); the option's default is warm
+    assert not algorithm_options(build_config(tiny_raw(algorithm="cgpfl"))).warm_start
+    opts = algorithm_options(build_config(tiny_raw(algorithm="cgpfl"), reference=False))
     assert (opts.num_clusters, opts.mu, opts.inner_steps, opts.beta, opts.recluster_every) == (3, 15.0, 5, 1.0, 1)
     assert opts.eta is None and opts.personal_lr is None and opts.weighting == "uniform" and opts.warm_start
     assert opts.first_start == "received"
@@ -94,7 +96,7 @@ def test_upload_is_the_pulled_local_generalized_model_never_the_personal_one():
 
 
 def test_personal_model_persists_and_warm_start_decides_where_the_inner_solve_starts():
-    config = tiny_config(algorithm="cgpfl")
+    config = tiny_config(algorithm="cgpfl", options={"warm_start": True})
     rt = runtime(config)
     w = rt.workspace.init_weights
     stored = {k: v + 0.2 for k, v in w.items()}
@@ -147,6 +149,9 @@ def test_a_client_never_sampled_is_evaluated_with_its_first_start(first_start):
 
 def test_first_start_init_without_warm_start_is_rejected():
     assert_config_error("cgpfl", ["cgpfl.first_start=init", "cgpfl.warm_start=false"], "needs warm_start")
+    # the reference's warm_start=false does not hide the fix from a user who set only first_start
+    assert_config_error("cgpfl", ["cgpfl.first_start=init"], "set cgpfl.warm_start=true with it")
+    algorithm_options(build_config(tiny_raw(algorithm="cgpfl"), ["cgpfl.first_start=init", "cgpfl.warm_start=true"]))
 
 
 def test_evaluation_uses_the_personal_model_if_any_else_the_message():
@@ -185,6 +190,7 @@ def test_clusters_continue_the_nearest_generalized_models():
 
 
 def server_for(**options):
+    options = {"warm_start": True} | options  # first_start="init" needs it
     return simulation(tiny_config(algorithm="cgpfl", options=options, log_clustering_every=1)).server
 
 

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import tiny_config
+from conftest import tiny_config, tiny_raw
+from fedtail.components import algorithm_options, build_config
 from fedtail.algorithms.clustering import flatten, float_keys
 from fedtail.algorithms.fesem import e_step, m_step
 from helpers import ScriptedComm, assert_config_error, filled, reply, run, run_cli, simulation, without_global
@@ -72,7 +73,8 @@ def test_server_round_uses_every_known_model_and_sends_each_client_its_centre(we
 
 
 def test_cold_start_by_loss_sends_all_centres_until_the_first_upload():
-    sim = simulation(tiny_config(algorithm="fesem", options={"num_clusters": 3, "init": "random"}))
+    options = {"num_clusters": 3, "init": "random", "cold_start": "loss"}
+    sim = simulation(tiny_config(algorithm="fesem", options=options))
     server = sim.server
     assert server.evaluation_message(4).config["models"] == 3
     server.labels = {4: 2}
@@ -89,17 +91,73 @@ def test_random_cold_labels_are_balanced_and_seeded():
     assert np.array_equal(first, again) and not np.array_equal(first, other)
 
 
-def test_first_round_init_picks_round_one_models_and_fills_with_random_ones():
-    rows, sim = run(tiny_config(algorithm="fesem", rounds=1, options={"num_clusters": 4, "init": "first-round"}))
+def _first_round(num_clusters: int, **overrides):
+    options = {"num_clusters": num_clusters, "init": "first-round", "cold_start": "loss"}
+    return run(tiny_config(algorithm="fesem", options=options, **overrides))
+
+
+def test_first_round_init_waits_for_k_clients_then_seeds_with_trained_models_only():
+    # 3 of 6 clients a round and K = 4: after round 1 there are too few models to seed from
+    _, sim = _first_round(4, rounds=1)
+    assert sim.server.centres is None and sim.server.labels == {} and len(sim.server.models) == 3
+    rows, sim = _first_round(4, rounds=3)
     server = sim.server
-    sampled = rows[0]["rounds_log"][0]["clients"]
-    assert len(sampled) == 3 and sorted(server.models) == sampled
-    # three models for four centres: each model is its own centre, the fourth a random initialisation
-    models = torch.stack([server.models[c] for c in sampled])
-    assert sorted(server.labels.values()) == [0, 1, 2]
-    assert torch.equal(server.centres[:3][[server.labels[c] for c in sampled]], models)
+    seen = [set(rows[0]["rounds_log"][0]["clients"])]
+    for row in rows[1:]:
+        seen.append(seen[-1] | set(row["rounds_log"][0]["clients"]))
+    assert len(seen[0]) == 3 and len(seen[-1]) >= 4  # the premise: round 1 alone is not enough
+    assert sorted(server.labels) == sorted(seen[-1])
+    # every centre is a mean of trained models (near the initial model), none a random initialisation
     init = flatten(sim.server_ctx.init_weights, server.keys)
-    assert float((server.centres[3] - init).norm()) > 10 * float((models - init).norm(dim=1).max())
+    models = torch.stack([server.models[c] for c in sorted(server.models)])
+    spread = float((models - init).norm(dim=1).max())
+    assert float((server.centres - init).norm(dim=1).max()) <= spread + 1e-4
+    assert len(set(server.labels.values())) >= 2
+
+
+def test_first_round_init_with_more_centres_than_clients_fills_with_random_ones():
+    rows, sim = _first_round(8, rounds=1, fraction=1.0)
+    server = sim.server
+    assert sorted(server.models) == list(range(6)) and sorted(server.labels.values()) == list(range(6))
+    # six models for eight centres: each model is its own centre, the other two random initialisations
+    models = torch.stack([server.models[c] for c in range(6)])
+    assert torch.equal(server.centres[:6][[server.labels[c] for c in range(6)]], models)
+    init = flatten(sim.server_ctx.init_weights, server.keys)
+    far = (server.centres[6:] - init).norm(dim=1)
+    assert float(far.min()) > 10 * float((models - init).norm(dim=1).max())
+
+
+@pytest.mark.parametrize("cold_start", ["random", "loss"])
+def test_common_init_starts_k_copies_and_its_first_assignment_is_the_cold_starts(cold_start):
+    options = {"num_clusters": 3, "init": "common", "cold_start": cold_start}
+    sim = simulation(tiny_config(algorithm="fesem", options=options, log_clustering_every=1))
+    server = sim.server
+    init = flatten(sim.server_ctx.init_weights, server.keys)
+    assert all(torch.equal(c, init) for c in server.centres)
+    template = sim.server_ctx.init_weights
+    uploads = {0: 1.0, 1: 2.0, 2: 3.0, 3: 4.0, 4: 5.0}
+    picks = {0: 2, 1: 0, 2: 1, 3: 2, 4: 1}  # what each client trained under cold_start=loss
+    comm = ScriptedComm({c: reply(filled(template, v), 1.0, choice=float(picks[c])) for c, v in uploads.items()})
+    server.run_round(1, list(uploads), comm)
+    expected = picks if cold_start == "loss" else {c: int(server.cold_labels[c]) for c in uploads}
+    assert server.labels == expected  # not every client on centre 0, as the tied E-step would put them
+    for k in range(3):
+        members = [uploads[c] for c in uploads if expected[c] == k]
+        if members:
+            assert torch.allclose(server.centres[k], torch.full_like(init, sum(members) / len(members)))
+    # from round 2 on the E-step assigns by distance to the centres of round 1
+    before = server.centres.clone()
+    comm = ScriptedComm({0: reply(filled(template, 4.9), 1.0, choice=0.0)})
+    server.run_round(2, [0], comm)
+    distances = (before - torch.full_like(init, 4.9)).norm(dim=1)
+    assert server.labels[0] == int(distances.argmin()) and float(distances.max() - distances.min()) > 0.5
+
+
+def test_the_reference_is_the_authors_common_start_and_random_first_assignment():
+    opts = algorithm_options(tiny_config(algorithm="fesem"))
+    assert (opts.init, opts.cold_start) == ("common", "random")
+    bare = algorithm_options(build_config(tiny_raw(algorithm="fesem"), reference=False))
+    assert (bare.init, bare.cold_start) == ("first-round", "loss")
 
 
 def test_one_centre_with_every_client_sampled_is_plain_or_weighted_averaging():

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import tiny_config
+from conftest import tiny_config, tiny_raw
+from fedtail.components import algorithm_options, build_config
 from fedtail.algorithms.base import Message
 from fedtail.algorithms.ifca import pack_models, unpack_models
 from fedtail.engine.context import ClientContext
@@ -83,8 +84,10 @@ def test_initial_models_random_or_common():
     assert all(torch.equal(m["head.weight"], models[0]["head.weight"]) for m in common)
 
 
-def test_server_sends_all_models_and_averages_only_within_each_cluster():
-    sim = simulation(tiny_config(algorithm="ifca", options={"num_clusters": 3}, log_clustering_every=1))
+@pytest.mark.parametrize("weighting, mean", [("samples", 3.25), ("uniform", 2.5)])  # (10·1 + 30·4)/40, (1 + 4)/2
+def test_server_sends_all_models_and_averages_only_within_each_cluster(weighting, mean):
+    options = {"num_clusters": 3, "weighting": weighting}
+    sim = simulation(tiny_config(algorithm="ifca", options=options, log_clustering_every=1))
     server = sim.server
     before = [dict(m) for m in server.models]
     template = before[0]
@@ -96,7 +99,7 @@ def test_server_sends_all_models_and_averages_only_within_each_cluster():
     server.run_round(1, [0, 1, 4], comm)
     model_bytes = sum(v.numel() * v.element_size() for v in template.values())
     assert all(m.nbytes == 3 * model_bytes and m.config["models"] == 3 for m in comm.sent.values())
-    assert all(torch.allclose(v, torch.full_like(v, 3.25)) for v in server.models[0].values())  # (10·1 + 30·4)/40
+    assert all(torch.allclose(v, torch.full_like(v, mean)) for v in server.models[0].values())
     assert_same(server.models[1], before[1])  # nobody picked cluster 1
     assert all(torch.equal(v, torch.full_like(v, 7.0)) for v in server.models[2].values())
     record = comm.logged["clustering"]
@@ -105,9 +108,15 @@ def test_server_sends_all_models_and_averages_only_within_each_cluster():
     assert server.evaluation_message(5).config["models"] == 3
 
 
+def test_the_reference_averages_uniformly_and_the_default_by_samples():
+    assert algorithm_options(tiny_config(algorithm="ifca")).weighting == "uniform"  # the authors' code
+    bare = algorithm_options(build_config(tiny_raw(algorithm="ifca"), reference=False))
+    assert bare.weighting == "samples"  # a stored config without the option: the earlier behaviour
+
+
 def test_one_cluster_is_exactly_fedavg():
     fed_rows, fedavg = run(tiny_config(algorithm="fedavg"))
-    rows, ifca = run(tiny_config(algorithm="ifca", options={"num_clusters": 1}))
+    rows, ifca = run(tiny_config(algorithm="ifca", options={"num_clusters": 1, "weighting": "samples"}))
     assert_same(ifca.server.models[0], fedavg.server.weights)
     assert without_global(rows) == without_global(fed_rows)
     # two identical starting models split the clients at random: no longer FedAvg

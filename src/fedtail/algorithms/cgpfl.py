@@ -27,8 +27,10 @@ reachable), so beyond the structure above everything is *interpretation*, each a
   outer step moves ω_i at most all the way to θ_i) and personal_lr·μ < 2 (a stable proximal step).
 - R, the local rounds: one per mini-batch of the run's schedule (--local-steps batches if set,
   else --local-epochs × ⌈n_i / B⌉); each draws a fresh batch of B samples without replacement.
-- θ_i persists across rounds and the inner solve starts from it (``warm_start``); pFedMe's code
-  restarts θ from the received model every round (``warm_start=false``). ``first_start``: a
+- θ_i persists across rounds and the inner solve starts from it (``warm_start``, the option's
+  default); pFedMe's code restarts θ from the received model every round (``warm_start=false``),
+  which is the reference a new run gets (``fedtail list``): CGPFL's own code could not be found,
+  and CGPFL is pFedMe's scheme with K generalized models. ``first_start``: a
   client's θ_i starts as the first generalized model it receives (``received``, the default, as
   pFedMe's θ starts from the model it is sent) or as the run's initial model (``init``, where
   local training and FedAC's default start every client); the local copy ω_i is the received
@@ -64,7 +66,16 @@ import torch
 from pydantic import Field, model_validator
 
 from fedtail.algorithms.aggregate import WeightedMean, weighted_mean
-from fedtail.algorithms.base import Algorithm, AlgorithmConfig, Comm, Message, PersonalClient, ServerHalf, Tensors
+from fedtail.algorithms.base import (
+    Algorithm,
+    AlgorithmConfig,
+    Comm,
+    Message,
+    PersonalClient,
+    Reference,
+    ServerHalf,
+    Tensors,
+)
 from fedtail.algorithms.clustering import (
     centred_gram,
     cluster_means,
@@ -112,7 +123,10 @@ class CGPFLConfig(AlgorithmConfig):
     @model_validator(mode="after")
     def _first_start_needs_warm_start(self) -> "CGPFLConfig":
         if self.first_start == "init" and not self.warm_start:
-            raise ValueError("first_start='init' needs warm_start=true (without it θ_i restarts from the received model)")
+            raise ValueError(
+                "first_start='init' needs warm_start=true (without it θ_i restarts from the received model; "
+                "CGPFL's reference runs warm_start=false, so set cgpfl.warm_start=true with it)"
+            )
         return self
 
 
@@ -258,4 +272,6 @@ CGPFL = Algorithm(
     client=CGPFLClient,
     config=CGPFLConfig,
     has_global_model=False,
+    # CGPFL's code could not be found; pFedMe's, which it extends, restarts θ_i every round
+    reference=Reference("pFedMe's code (CharlieDinh/pFedMe), CGPFL's base", options={"warm_start": False}),
 )

@@ -29,17 +29,22 @@ Interpretations where the paper is silent (options, or noted here):
 - ``init``: how the K centres start is not specified in what we could check of the paper.
   ``random``: K independent random initialisations of the architecture, centre 0 being the run's
   common initial model (IFCA's starting models; FedGroup's reimplementation of FeSEM also starts
-  from K random initialisations). ``first-round``: every client of round 1 trains the common
-  initial model, and the centres are K of those models picked by k-means++ seeding
-  (scikit-learn), then the round's E- and M-steps run as usual; if a round samples fewer than K
-  clients, the missing centres are random initialisations.
+  from K random initialisations). ``first-round``: clients train the common initial model until
+  min(K, clients) different clients have uploaded (round 1 when a round samples at least K), and
+  the centres are K of those models picked by k-means++ seeding (scikit-learn), then that round's
+  E- and M-steps run as usual. ``common``: all K centres are the run's initial model, as the
+  authors' code starts them; the first E-step, which would tie every client to centre 0, is
+  replaced by the clients' cold-start assignment (below), so round 1's M-step builds K different
+  centres from a random partition, and the E-steps run from round 2 on.
 - ``cold_start``: a client with no uploaded model yet has no assignment. ``random``: it belongs to
   a fixed random cluster, drawn once for all clients from the run seed as a balanced permutation
   (the multi-center-fed-learning code released with the paper's arXiv version also starts from
   a random assignment). ``loss``: it receives all K centres and starts from, or is evaluated
   with, the one of lowest training loss (IFCA's rule; K models on the downlink, metered). Its
   first upload then gets it an assignment.
-- Defaults: ``init=first-round`` and ``cold_start=loss``. Under ``init=random`` a locally
+- Defaults: ``init=first-round`` and ``cold_start=loss``; the reference (``fedtail list``) a new
+  run gets is the authors' code's ``init=common`` with ``cold_start=random`` (their first
+  clustering is a random assignment of the clients to K copies of one model). Under ``init=random`` a locally
   trained model stays far nearer the centre it started from than any other random
   initialisation, so the E-step never moves a client (seen in small runs) and FeSEM would
   reduce to a fixed random partition; from round-1 models the E-step does move clients.
@@ -49,9 +54,10 @@ Interpretations where the paper is silent (options, or noted here):
 Missing replies (``--dropout``, rejected replies): a client that did not reply keeps its last
 upload (or stays unassigned), as a client not sampled; the E- and M-steps run over the uploads
 kept, and a centre left without members keeps its value. Under ``init=first-round`` the centres
-are seeded at the end of the first round by which min(K, clients per round) clients have
-uploaded (round 1 when every client replies); until then clients train the initial model and
-nothing is clustered or logged.
+are seeded at the end of the first round by which min(K, clients) clients have uploaded; until
+then clients train the initial model and nothing is clustered or logged. (Seeding as soon as one
+round's clients had uploaded left K − clients-per-round centres as random initialisations, far
+from every trained model, so they never won a member.)
 """
 
 from __future__ import annotations
@@ -62,7 +68,7 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from fedtail.algorithms.base import Algorithm, AlgorithmConfig, Comm, Message, ServerHalf, Tensors
+from fedtail.algorithms.base import Algorithm, AlgorithmConfig, Comm, Message, Reference, ServerHalf, Tensors
 from fedtail.algorithms.clustering import (
     centred_gram,
     cluster_means,
@@ -83,10 +89,11 @@ if TYPE_CHECKING:
 
 class FeSEMConfig(AlgorithmConfig):
     num_clusters: int = Field(2, ge=1, description="K: number of centres")
-    init: Literal["random", "first-round"] = Field(
+    init: Literal["random", "first-round", "common"] = Field(
         "first-round",
-        description="centres start as K random initialisations (centre 0: the run's initial model) "
-        "or as K of round 1's trained models (k-means++ seeding)",
+        description="centres start as K random initialisations (centre 0: the run's initial model), "
+        "as K of the first trained models (k-means++ seeding), or all as the run's initial model "
+        "(the first assignment: the cold start's)",
     )
     cold_start: Literal["random", "loss"] = Field(
         "loss",
@@ -136,8 +143,11 @@ class FeSEMServer(ServerHalf):
         opts: FeSEMConfig = ctx.options
         self.keys = float_keys(ctx.init_weights)
         self.centres: torch.Tensor | None = None  # K x D; None until round 1 under init=first-round
-        if opts.init == "random":
-            self.centres = self._flat(initial_cluster_models(ctx, opts.num_clusters, random=True))
+        if opts.init != "first-round":
+            models = initial_cluster_models(ctx, opts.num_clusters, random=opts.init == "random")
+            self.centres = self._flat(models)
+        # under init=common the centres are K copies of one model until the first M-step
+        self.identical = opts.init == "common" and opts.num_clusters > 1
         self.models: dict[int, torch.Tensor] = {}  # each client's last uploaded ω_i (flat)
         self.labels: dict[int, int] = {}  # the E-step's assignment of the clients in ``models``
         rng = np.random.default_rng(ctx.seed(0xFE5E))
@@ -169,20 +179,32 @@ class FeSEMServer(ServerHalf):
 
     def run_round(self, rnd: int, clients: list[int], comm: Comm) -> None:
         opts: FeSEMConfig = self.ctx.options
+        choices: dict[int, int] = {}
         for cid, reply in comm.stream({cid: self._message(cid, "fit") for cid in clients}):
             self.models[cid] = flatten(reply.tensors, self.keys)
-        if self.centres is None and len(self.models) < min(opts.num_clusters, self.ctx.config.clients_per_round):
+            choices[cid] = int(reply.metrics.get("choice", 0))  # a single centre sent: its index is 0
+        if self.centres is None and len(self.models) < min(opts.num_clusters, self.ctx.num_clients):
             # seeded now, some centres would be random initialisations where trained models will do
             return
         cids = sorted(self.models)
         models = torch.stack([self.models[c] for c in cids])
         if self.centres is None:
             self.centres = self._first_centres(models, rnd)
-        labels = e_step(models, self.centres)
+        if self.identical:  # every distance ties: the clients keep the centre they trained
+            labels = np.array([self._cold_label(c, choices) for c in cids])
+            self.identical = False
+        else:
+            labels = e_step(models, self.centres)
         weights = self.ctx.client_train_sizes[cids] if opts.weighted else None
         self.centres = m_step(models, labels, self.centres, weights)
         self.labels = {c: int(k) for c, k in zip(cids, labels)}
         comm.log(clustering=cluster_record(cids, labels, models, full=full_record(self.ctx.config, rnd)))
+
+    def _cold_label(self, cid: int, choices: dict[int, int]) -> int:
+        """The centre a client without an assignment trained: its fixed random one, or its pick by loss."""
+        if self.ctx.options.cold_start == "loss":
+            return choices[cid]
+        return int(self.cold_labels[cid])
 
     def evaluation_message(self, cid: int) -> Message:
         return self._message(cid, "evaluate")
@@ -196,4 +218,7 @@ FESEM = Algorithm(
     client=IFCAClient,
     config=FeSEMConfig,
     has_global_model=False,
+    reference=Reference(
+        "the authors' code (multi-center-fed-learning)", options={"init": "common", "cold_start": "random"}
+    ),
 )

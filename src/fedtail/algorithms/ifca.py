@@ -7,11 +7,12 @@ NeurIPS 2020 (Algorithm 2, the model-averaging variant). The server keeps K clus
     ĵ_i = argmin_{j∈[K]} F_i(θ_j)          (F_i: mean cross-entropy on i's training data)
 
 trains θ_ĵ for the run's E local epochs, giving θ̃_i, and returns θ̃_i with ĵ_i. The server
-averages within each cluster, weighted by sample counts as FedAvg does,
+averages within each cluster,
 
-    θ_j ← Σ_{i∈S_t: ĵ_i=j} n_i · θ̃_i / Σ_{i∈S_t: ĵ_i=j} n_i,
+    θ_j ← Σ_{i∈S_t: ĵ_i=j} p_i · θ̃_i / Σ_{i∈S_t: ĵ_i=j} p_i,
 
-and a cluster nobody picked this round keeps its model. There is one shared model per cluster and
+with p_i = n_i, the sample counts as FedAvg weights them (``weighting = "samples"``), or p_i = 1,
+the plain mean of the members (``"uniform"``, as the authors' code averages), and a cluster nobody picked this round keeps its model. There is one shared model per cluster and
 no personal model: a client is evaluated (sampled or not, at any time) with the cluster model of
 lowest loss on its training data, the same argmin rule as in training (never its test data,
 which stays unseen). The known cost is the downlink, K models per sampled client, metered as such.
@@ -26,8 +27,10 @@ Interpretations where the paper is silent (options, or noted here):
 - Ties in the loss (exact, as with identical models under ``common``) are broken uniformly at
   random from the client's stream, so identical starting models still split the clients;
   without ties no random number is drawn. A single model is taken without computing its loss.
-- The client reports ĵ as the reply metric ``choice``; sample weights are the clients'
-  training-set sizes, as in FedAvg.
+- The client reports ĵ as the reply metric ``choice``; under ``weighting = "samples"`` the
+  weights are the clients' training-set sizes, as in FedAvg. ``samples`` is the option's default
+  (the behaviour before the option existed, so stored runs read the same); a new run gets the
+  reference's ``uniform`` (``fedtail list``).
 
 Missing replies (``--dropout``, rejected replies): each cluster averages the replies that chose
 it; a cluster none of the replying clients chose keeps its model, as one nobody picked. The
@@ -42,7 +45,7 @@ import torch
 from pydantic import Field
 
 from fedtail.algorithms.aggregate import WeightedMean
-from fedtail.algorithms.base import Algorithm, AlgorithmConfig, ClientHalf, Comm, Message, ServerHalf, Tensors
+from fedtail.algorithms.base import Algorithm, AlgorithmConfig, ClientHalf, Comm, Message, Reference, ServerHalf, Tensors
 from fedtail.algorithms.clustering import cluster_record, flatten, float_keys, full_record
 from fedtail.models import build_model
 
@@ -56,6 +59,9 @@ class IFCAConfig(AlgorithmConfig):
         "random",
         description="cluster models start as independent random initialisations (cluster 0: the run's "
         "initial model) or all as the run's initial model (ties broken at random)",
+    )
+    weighting: Literal["samples", "uniform"] = Field(
+        "samples", description="cluster average weighted by training-set size, or the plain mean of the members"
     )
 
 
@@ -129,7 +135,8 @@ class IFCAServer(ServerHalf):
         cids, choices, points = [], [], []
         for cid, reply in comm.stream({cid: message for cid in clients}):
             j = int(reply.metrics["choice"])
-            means.setdefault(j, WeightedMean()).add(reply.tensors, reply.metrics["num_examples"])
+            weight = reply.metrics["num_examples"] if self.ctx.options.weighting == "samples" else 1.0
+            means.setdefault(j, WeightedMean()).add(reply.tensors, weight)
             cids.append(cid)
             choices.append(j)
             if full:  # only the log's 2-D view needs the uploads kept
@@ -164,4 +171,5 @@ IFCA = Algorithm(
     client=IFCAClient,
     config=IFCAConfig,
     has_global_model=False,
+    reference=Reference("the authors' code (jichan3751/ifca)", options={"weighting": "uniform"}),
 )
