@@ -3,6 +3,8 @@ evaluation on the seen stages, A_local / A_global / A_part, the CLI and the repo
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import json
 
 import numpy as np
@@ -10,6 +12,7 @@ import pytest
 import torch
 
 from conftest import tiny_config, tiny_raw
+from fedtail.report.blocks import final_rounds_phrase, plotted_methods
 from fedtail.algorithms.base import ClientHalf, Message
 from fedtail.components import build_config
 from fedtail.engine import prepare
@@ -454,3 +457,25 @@ def test_report_has_a_row_per_named_accuracy_the_last10_tables_and_the_participa
     assert "gldp:gp" not in costs and "| gldp |" in costs  # a view of the gldp run: costed once
     assert (tmp_path / "R-participants.png").is_file()
     assert "- Runs: 2 finished, 0 unfinished" in text  # the named rows are views of the gldp run
+    # stage tasks in blocks of rounds: the final 10 rounds are communication rounds
+    assert "in the final 10 rounds (`summary.json`" in text and "of global optimisation" not in text
+
+
+def test_the_final_10_rounds_are_rounds_of_global_optimisation_only_for_nested_stage_runs():
+    def col(*configs):
+        return SimpleNamespace(runs=[SimpleNamespace(finished=True, named=None, config=c) for c in configs])
+
+    nested = {"partition": {"scheme": "stages", "stages": 5}}  # stage_schedule unset: nested
+    one_stage = {"partition": {"scheme": "stages", "stages": 1}}
+    blocks = {"partition": {"scheme": "stages", "stages": 5}, "stage_schedule": "blocks"}
+    plain = {"partition": {"scheme": "dirichlet"}}
+    assert final_rounds_phrase(col(nested, nested)).endswith("of global optimisation (each running the stage tasks in turn)")
+    for configs in ((one_stage,), (blocks,), (plain, plain)):
+        assert final_rounds_phrase(col(*configs)) == "the final 10 rounds"
+    assert "for the runs with nested stage tasks" in final_rounds_phrase(col(nested, plain))
+
+
+def test_figures_draw_a_methods_named_accuracies_instead_of_its_headline():
+    col = SimpleNamespace(methods=["fedavg", "gldp", "gldp:gp", "gldp:lp", "apfl"])
+    assert plotted_methods(col) == ["fedavg", "gldp:gp", "gldp:lp", "apfl"]
+    assert plotted_methods(SimpleNamespace(methods=["fedavg", "gldp"])) == ["fedavg", "gldp"]  # none named

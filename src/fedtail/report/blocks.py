@@ -22,7 +22,7 @@ from fedtail.report.analyses import (
     rounds_to_table,
     sensitivity_table,
 )
-from fedtail.report.collect import Collection, Run
+from fedtail.report.collect import NAMED_SEP, Collection, Run
 from fedtail.machine import describe, machine_info
 from fedtail.report.plots import acmu_records, plot_accuracy_curves, plot_acmu
 from fedtail.report.tables import METRICS, Reference, accuracy_table, has_stage_metrics, incomplete_cells, stage_table
@@ -92,6 +92,35 @@ def best_round_caveat(splits: list[str]) -> str:
     return "Picking the best round uses test data, so this is an optimistic number."
 
 
+def _nested(config: dict[str, Any] | None) -> bool:
+    """A run whose rounds of global optimisation each run several stage tasks in turn."""
+    config = config or {}
+    partition = config.get("partition") or {}
+    return (
+        partition.get("scheme") == "stages"
+        and int(partition.get("stages") or 1) > 1
+        and config.get("stage_schedule", "nested") == "nested"
+    )
+
+
+def final_rounds_phrase(col: Collection) -> str:
+    """What "the final 10 rounds" counts in ``col``'s finished runs (rounds of global optimisation
+    only for nested stage-task runs, where one such round is M communication rounds)."""
+    kinds = {_nested(r.config) for r in col.runs if r.finished and r.named is None}
+    if kinds == {True}:
+        return "the final 10 rounds of global optimisation (each running the stage tasks in turn)"
+    if True in kinds:
+        return "the final 10 rounds (of global optimisation for the runs with nested stage tasks)"
+    return "the final 10 rounds"
+
+
+def plotted_methods(col: Collection) -> list[str]:
+    """The methods a figure draws: a method with named accuracies is drawn as those, without its
+    headline curve, which repeats one of them (GLDP's headline is its GP accuracy)."""
+    named = {m.split(NAMED_SEP, 1)[0] for m in col.methods if NAMED_SEP in m}
+    return [m for m in col.methods if m not in named]
+
+
 def accuracy_blocks(col: Collection, reference: Reference | None, level: int = 2) -> list[str]:
     """The final-round and the best-round table, each under a heading of ``level``."""
     h = "#" * level
@@ -109,8 +138,8 @@ def accuracy_blocks(col: Collection, reference: Reference | None, level: int = 2
     md += [
         f"{h} {METRICS['last10']}",
         "",
-        "For each seed, the mean over its evaluations in the final 10 rounds (of global optimisation, with "
-        "nested stage tasks; `summary.json` → `last10`), then mean ± std over seeds.",
+        f"For each seed, the mean over its evaluations in {final_rounds_phrase(col)} (`summary.json` → "
+        "`last10`), then mean ± std over seeds.",
         "",
         accuracy_table(col, "last10", reference),
         "",
@@ -174,8 +203,9 @@ def figures_block(figures: list[Figure], out: Path, level: int = 2, notes: list[
 
 def accuracy_figure(col: Collection, png: Path) -> Figure | None:
     """Accuracy vs round of the collection's finished runs; None when none has metrics."""
-    curves = {(s, m): [r.metrics() for r in col.finished(s, m)] for s in col.settings for m in col.methods}
-    if not plot_accuracy_curves(curves, col.settings, col.methods, png):
+    methods = plotted_methods(col)
+    curves = {(s, m): [r.metrics() for r in col.finished(s, m)] for s in col.settings for m in methods}
+    if not plot_accuracy_curves(curves, col.settings, methods, png):
         return None
     return ("Personalised accuracy per round: mean over seeds, shaded band = min–max over seeds.", png)
 
@@ -186,14 +216,15 @@ def participants_figure(col: Collection, png: Path) -> Figure | None:
     rounds"); None without stage-task runs."""
     if not has_stage_metrics(col):
         return None
-    curves = {(s, m): [r.metrics() for r in col.finished(s, m)] for s in col.settings for m in col.methods}
+    methods = plotted_methods(col)
+    curves = {(s, m): [r.metrics() for r in col.finished(s, m)] for s in col.settings for m in methods}
     if not plot_accuracy_curves(
-        curves, col.settings, col.methods, png, key="a_part", last=10,
+        curves, col.settings, methods, png, key="a_part", last=10,
         title="Participating clients' accuracy (A_part) in the final 10 rounds (mean over seeds, band = min–max)",
     ):  # fmt: skip
         return None
-    return ("A_part, the participating clients' accuracy on their seen-stage test data, in the final 10 rounds "
-            "(of global optimisation with nested stage tasks): mean over seeds, band = min–max.", png)  # fmt: skip
+    return ("A_part, the participating clients' accuracy on their seen-stage test data, in "
+            f"{final_rounds_phrase(col)}: mean over seeds, band = min–max.", png)  # fmt: skip
 
 
 def acmu_run(col: Collection, setting: str, method: str) -> Run | None:
