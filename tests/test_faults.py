@@ -132,7 +132,8 @@ def test_fedac_clusters_first_once_enough_clients_have_uploaded(lose):
 def test_fesem_seeds_its_centres_from_trained_models_once_enough_have_uploaded(lose):
     # with one trained model the other centre would be a random initialisation, nobody's nearest
     lose({1: {0, 1, 2, 3, 4}})
-    config = tiny_config(algorithm="fesem", rounds=2, fraction=1.0, options={"num_clusters": 2})
+    options = {"num_clusters": 2, "init": "first-round", "cold_start": "loss"}
+    config = tiny_config(algorithm="fesem", rounds=2, fraction=1.0, options=options)
     rows, sim = run(config)
     server, ctx = sim.server, sim.server_ctx
     init = flatten(ctx.init_weights, server.keys)
