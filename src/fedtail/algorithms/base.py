@@ -129,12 +129,16 @@ class ClientHalf:
 class PersonalClient(ClientHalf):
     """A client half that keeps its own model in ``ctx.state["personal"]`` (Ditto, MuPFL, FedAC, ...).
 
-    Evaluation uses that model; a client that has not trained yet is evaluated with the model
-    in the message (the global or cluster model).
+    Evaluation uses that model; a client that has not trained yet is evaluated with
+    :meth:`start`, by default the model in the message (the global or cluster model).
     """
 
+    def start(self, msg: Message, ctx: ClientContext) -> Tensors:
+        """The personal model before this client's first training."""
+        return msg.tensors
+
     def evaluate(self, msg: Message, ctx: ClientContext) -> Message:
-        ctx.load(ctx.state.get("personal", msg.tensors))
+        ctx.load(ctx.state.get("personal", self.start(msg, ctx)))
         return ctx.evaluate()
 
 

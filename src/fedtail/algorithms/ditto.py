@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
-from fedtail.algorithms.base import Algorithm, AlgorithmConfig, Message, PersonalClient, Reference
+from fedtail.algorithms.base import Algorithm, AlgorithmConfig, Message, PersonalClient, Reference, Tensors
 from fedtail.algorithms.fedavg import FedAvgServer
 from fedtail.algorithms.fedprox import proximal_term
 
@@ -59,13 +59,9 @@ class DittoConfig(AlgorithmConfig):
 
 
 class DittoClient(PersonalClient):
-    def _start(self, msg: Message, ctx: ClientContext):
-        """The personal model before this client's first training (see ``personal_init``)."""
+    def start(self, msg: Message, ctx: ClientContext) -> Tensors:
+        """See ``personal_init``."""
         return ctx.init_weights if ctx.options.personal_init == "initial" else msg.tensors
-
-    def evaluate(self, msg: Message, ctx: ClientContext) -> Message:
-        ctx.load(ctx.state.get("personal", self._start(msg, ctx)))
-        return ctx.evaluate()
 
     def fit(self, msg: Message, ctx: ClientContext) -> Message:
         opts: DittoConfig = ctx.options
@@ -74,7 +70,7 @@ class DittoClient(PersonalClient):
         ctx.train()
         upload = ctx.weights()
         # (b) the personal model, pulled towards the w^t received this round (not the update above).
-        personal = ctx.load(ctx.state.get("personal", self._start(msg, ctx)), role="personal")
+        personal = ctx.load(ctx.state.get("personal", self.start(msg, ctx)), role="personal")
         ctx.train(
             "personal",
             epochs=opts.personal_epochs,
