@@ -427,6 +427,34 @@ def test_global_start_reading_starts_from_the_global_body_and_own_classifier():
         assert _close(first["personal"][cid], {k: first["replies"][cid].tensors[k] for k in body + head})
 
 
+def test_global_start_acmu_reading_keeps_the_acmu_model_and_starts_from_the_global_body():
+    config = mupfl_config(pkcf=False, kappa=2, reading="global-start-acmu").model_copy(update={"fraction": 1.0})
+    sim, seen = _record_rounds(config, 2)
+    first, second = seen
+    model = build_model(config.model, (16,), 5)
+    body, head = model.body_keys(), model.head_keys()
+    clients = sorted(first["replies"])
+    record = sim.round_logs[0]["acmu"][0]
+    labels = dict(zip(record["clients"], record["clusters"]))
+    shared = [c for c in clients if list(labels.values()).count(labels[c]) > 1]
+    assert shared  # clients whose w̃_i differs from their own trained w_i
+    assert sorted(first["forwarded"]) == clients  # every participant gets its w̃_i back ...
+    for cid in clients:
+        # ... and keeps it: the model evaluated after round 1 is w̃_i, not its trained w_i.
+        assert _close(first["personal"][cid], first["forwarded"][cid].tensors)
+        if cid in shared:
+            assert not _close(first["personal"][cid], first["replies"][cid].tensors, [body[0]])
+        # Round 2 starts from the global body with w̃_i's classifier.
+        start = _start(second["replies"][cid])
+        assert _close(start, second["global"], body)
+        assert _close(start, first["personal"][cid], head)
+    # The bodies of w̃_i are the cluster models: one per cluster, from the common round-1 start.
+    for a in clients:
+        for b in clients:
+            same = _close(first["personal"][a], first["personal"][b], body)
+            assert same == (labels[a] == labels[b])
+
+
 def test_clients_never_sampled_start_from_the_global_model():
     config = mupfl_config(pkcf=False)  # 3 of 6 clients per round
     sim, seen = _record_rounds(config, 4)
@@ -504,7 +532,7 @@ def test_round_exchanges_and_payloads_per_reading():
 
 
 def test_reading_options_are_validated():
-    for bad in ({"reading": "global"}, {"pkcf_order": "after"}, {"bavd_mask": "top"}, {"bavd_map": "mean"},
+    for bad in ({"reading": "global"}, {"reading": "acmu"}, {"pkcf_order": "after"}, {"bavd_mask": "top"}, {"bavd_map": "mean"},
                 {"bavd_map_shape": "c"}, {"psi_sign": 0}):
         with pytest.raises(ValueError):
             MuPFLConfig(**bad)

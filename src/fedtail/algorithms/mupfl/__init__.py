@@ -30,7 +30,13 @@ flat κ row in ``benchmarks/mupfl/RESULTS.md``). ``"global-start"`` (the default
 validation chose): a client starts from the global body with its own classifier and keeps its
 trained w_i^t; w̃_i only feeds the average. It follows Sec. 3.5, "After classifier tuning,
 client i will use the new parameters w_i^{t+1} = (u_i^{t+1}, v_glo^{t+1}) for local model
-training" (own classifier, global rest).
+training" (own classifier, global rest). ``"global-start-acmu"`` joins the two sentences: a
+client starts as in ``global-start`` (Sec. 3.5) but keeps Eq. 14's w̃_i as its model, the "more
+ideal updated local model" of line 29, so the model evaluated after round t is its cluster's
+mean update applied to the round's common start and its next start takes w̃_i's classifier.
+Under the global start every participant's Δw is measured from the same body, so the body of
+w̃_i is its cluster's model (clustered FL); under ``personal`` the cluster means updates from
+different starting points.
 
 How w̃_i reaches client i: in the same round. The edge returns each w̃_i beside its
 aggregate, and the server sends it back in a second exchange (``personalise``, one message per
@@ -136,10 +142,11 @@ AGGREGATE = -1  # an edge's aggregate among its forwards; the others are keyed b
 
 
 class MuPFLConfig(AlgorithmConfig):
-    reading: Literal["personal", "global-start"] = Field(
+    reading: Literal["personal", "global-start", "global-start-acmu"] = Field(
         "global-start",
         description="personal: a client trains from its own model and keeps Eq. 14's w̃_i (Algorithm 1); "
-        "global-start: from the global body with its own classifier, w̃_i only feeds the average",
+        "global-start: from the global body with its own classifier, w̃_i only feeds the average; "
+        "global-start-acmu: from the global body with its own classifier, and keeps w̃_i",
     )
     pkcf_order: Literal["after-aggregation", "before-local"] = Field(
         "before-local",
@@ -341,7 +348,7 @@ class ACMUEdge(EdgeHalf):
                 tensors[PRESENT] = tensors.get(PRESENT, 0) + present.to(torch.float32)
         metrics = {"weight": float(sum(sizes)), "kappa": float(kappa), "silhouette": float(silhouette)}
         out = {AGGREGATE: Message("edge", tensors, metrics=metrics)}
-        if opts.reading == "personal" and opts.acmu:  # without ACMU w̃_i = w_i: the client has it
+        if opts.reading != "global-start" and opts.acmu:  # without ACMU w̃_i = w_i: the client has it
             out |= {c: Message("personal", w) for c, w in zip(cids, updated)}
         return out
 
