@@ -413,12 +413,16 @@ def test_a_clients_next_round_starts_from_its_acmu_model():
         assert not _close(_start(second["replies"][cid]), second["global"], [keys[0]])
 
 
-def test_global_start_reading_starts_from_the_global_body_and_own_classifier():
-    config = mupfl_config(pkcf=False, kappa=2, reading="global-start").model_copy(update={"fraction": 1.0})
-    sim, seen = _record_rounds(config, 2)
-    first, second = seen
+def _two_rounds_of_every_client(reading: str):
+    """Two recorded rounds with every client sampled, κ 2, no PKCF; and the model's body and head keys."""
+    config = mupfl_config(pkcf=False, kappa=2, reading=reading).model_copy(update={"fraction": 1.0})
+    sim, (first, second) = _record_rounds(config, 2)
     model = build_model(config.model, (16,), 5)
-    body, head = model.body_keys(), model.head_keys()
+    return sim, first, second, model.body_keys(), model.head_keys()
+
+
+def test_global_start_reading_starts_from_the_global_body_and_own_classifier():
+    sim, first, second, body, head = _two_rounds_of_every_client("global-start")
     assert not first["forwarded"]  # w̃_i only feeds the average
     for cid in sorted(second["replies"]):
         start = _start(second["replies"][cid])
@@ -428,11 +432,7 @@ def test_global_start_reading_starts_from_the_global_body_and_own_classifier():
 
 
 def test_global_start_acmu_reading_keeps_the_acmu_model_and_starts_from_the_global_body():
-    config = mupfl_config(pkcf=False, kappa=2, reading="global-start-acmu").model_copy(update={"fraction": 1.0})
-    sim, seen = _record_rounds(config, 2)
-    first, second = seen
-    model = build_model(config.model, (16,), 5)
-    body, head = model.body_keys(), model.head_keys()
+    sim, first, second, body, head = _two_rounds_of_every_client("global-start-acmu")
     clients = sorted(first["replies"])
     record = sim.round_logs[0]["acmu"][0]
     labels = dict(zip(record["clients"], record["clusters"]))
