@@ -218,6 +218,22 @@ def test_match_lowers_its_loss_and_leaves_absent_classes():
     assert again == pytest.approx(after)
 
 
+@pytest.mark.parametrize("present", [[True, True, True, True], [True, False, True, True]])
+def test_match_step_is_sgd_on_the_autograd_gradient_of_the_loss(present):
+    """The closed-form step (every class present, or some) equals x - lr * autograd's ∂L/∂x."""
+    layer, real = planted()
+    present = torch.tensor(present)
+    feats = FederatedFeatures(4, 10, 6, torch.Generator().manual_seed(2), lr=0.5, iterations=1, init_std=1.0)
+    x = feats.features.clone().requires_grad_(True)
+    loss = feats.loss(layer, real, present, x)
+    (grad,) = torch.autograd.grad(loss, x)
+    expected = (x - 0.5 * grad).detach()
+    assert grad.abs().max() > 1e-3  # the step moves the features: the comparison below means something
+    before, _ = feats.match(layer, real, present)
+    assert before == pytest.approx(float(loss), rel=1e-5)
+    assert torch.allclose(feats.features, expected, atol=1e-6, rtol=1e-5)
+
+
 def test_federated_features_state_round_trip():
     a = FederatedFeatures(3, 5, 4, torch.Generator().manual_seed(0))
     assert a.features.shape == (12, 5) and a.labels.tolist() == [0] * 4 + [1] * 4 + [2] * 4

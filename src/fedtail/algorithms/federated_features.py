@@ -318,19 +318,53 @@ class FederatedFeatures:
         Plain SGD without momentum, as the authors' feature optimiser, so no optimiser state
         needs keeping between rounds. The classifier is read, never changed.
         """
-        features = self.features.clone().requires_grad_(True)
+        self.features = self.features.clone()  # updated in place below; the old tensor may be in a message
         before = None
         for _ in range(self.iterations):
-            loss = self.loss(classifier, real, present, features)
+            loss = self._step(classifier, real, present)
             if before is None:
-                before = float(loss.detach())
-            (grad,) = torch.autograd.grad(loss, features)
-            with torch.no_grad():
-                features -= self.lr * grad
-        self.features = features.detach()
+                before = loss
         with torch.no_grad():
             after = float(self.loss(classifier, real, present))
         return (after if before is None else before), after
+
+    def _step(self, classifier: nn.Linear, real: Mapping[str, torch.Tensor], present: torch.Tensor) -> float:
+        """One SGD step on the features, in place; returns the loss before it.
+
+        The gradient is :meth:`loss`'s, in closed form. With H a class's m features, z = HWᵀ + b,
+        p = softmax(z), r = (p − onehot)/m, g_W = rᵀH, g_b = Σ_i r_i, and A = ∂L/∂g_W, a = ∂L/∂g_b
+        (autograd, on these small C × D tensors only):
+
+            ∂L/∂H = r A + (p ⊙ (s − ⟨p, s⟩)) W,   s = (H Aᵀ + a) / m.
+
+        Autograd through the whole loss gives the same (a test checks it) but materialises several
+        C·m × D intermediates a step; this reads H three times and updates it in place.
+        """
+        classes = present.to(torch.bool).nonzero().flatten()
+        if len(classes) == 0:
+            return 0.0
+        every = len(classes) == self.num_classes
+        feats = self.features.view(self.num_classes, self.per_class, -1)
+        h = feats if every else feats[classes]  # [P, m, D]
+        weight, bias = classifier.weight.detach(), classifier.bias.detach()
+        with torch.no_grad():
+            p = torch.softmax(F.linear(h, weight, bias), dim=-1)  # [P, m, C]
+            onehot = F.one_hot(classes, weight.shape[0]).to(p.dtype).unsqueeze(1)
+            r = (p - onehot) / self.per_class
+            g_w = (r.transpose(-1, -2) @ h).requires_grad_(True)
+            g_b = r.sum(-2).requires_grad_(True)
+        with torch.enable_grad():
+            loss = _cosine_distance(real["weight"][classes], g_w) + _cosine_distance(real["bias"][classes], g_b)
+            d_w, d_b = torch.autograd.grad(loss, (g_w, g_b))
+        with torch.no_grad():
+            s = torch.baddbmm(d_b.unsqueeze(-2), h, d_w.transpose(-1, -2)) / self.per_class
+            d_z = p * (s - (p * s).sum(-1, keepdim=True))
+            left = torch.cat([r, d_z], dim=-1)  # [P, m, 2C]
+            right = torch.cat([d_w, weight.expand(len(classes), -1, -1)], dim=-2)  # [P, 2C, D]
+            h.baddbmm_(left, right, alpha=-self.lr)
+            if not every:
+                feats[classes] = h
+        return float(loss.detach())
 
     def state_dict(self) -> dict[str, Any]:
         # Hyper-parameters come from the constructor (the run's options), not from the state.
