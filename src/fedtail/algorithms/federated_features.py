@@ -255,6 +255,13 @@ def _cosine_distance(real: torch.Tensor, syn: torch.Tensor) -> torch.Tensor:
     return (1 - dot / (real.norm(dim=-1) * syn.norm(dim=-1) + COS_EPS)).sum()
 
 
+def _matching_distance(
+    real: Mapping[str, torch.Tensor], classes: torch.Tensor, g_w: torch.Tensor, g_b: torch.Tensor
+) -> torch.Tensor:
+    """The matching loss of the present ``classes``' synthetic gradients against the real ones."""
+    return _cosine_distance(real["weight"][classes], g_w) + _cosine_distance(real["bias"][classes], g_b)
+
+
 class FederatedFeatures:
     """m synthetic features per class, kept across rounds (MuPFL Eq. 19-20; CReFF).
 
@@ -308,7 +315,7 @@ class FederatedFeatures:
         labels = classes.view(-1, 1).expand(-1, self.per_class)
         weight, bias = classifier.weight.detach(), classifier.bias.detach()
         g_w, g_b = linear_ce_gradients(weight, bias, syn, labels)  # all present classes at once
-        return _cosine_distance(real["weight"][classes], g_w) + _cosine_distance(real["bias"][classes], g_b)
+        return _matching_distance(real, classes, g_w, g_b)
 
     def match(
         self, classifier: nn.Linear, real: Mapping[str, torch.Tensor], present: torch.Tensor
@@ -354,7 +361,7 @@ class FederatedFeatures:
             g_w = (r.transpose(-1, -2) @ h).requires_grad_(True)
             g_b = r.sum(-2).requires_grad_(True)
         with torch.enable_grad():
-            loss = _cosine_distance(real["weight"][classes], g_w) + _cosine_distance(real["bias"][classes], g_b)
+            loss = _matching_distance(real, classes, g_w, g_b)
             d_w, d_b = torch.autograd.grad(loss, (g_w, g_b))
         with torch.no_grad():
             s = torch.baddbmm(d_b.unsqueeze(-2), h, d_w.transpose(-1, -2)) / self.per_class

@@ -106,8 +106,9 @@ personal               after-aggregation   82.31 / 82.09      70.74 / 71.50
 
 Every reading in which ACMU's w̃_i becomes the evaluated model loses 2.7–3.3 points to the
 client's own trained model, and PKCF after aggregation loses 8.2 (global start) and 16.0 points
-(personal) against PKCF before local training in the same reading. A likely reason for both, not measured separately: the model evaluated is then no
-longer the one trained on the client's own data last; w̃_i replaces the client's update by its
+(personal) against PKCF before local training in the same reading. A likely reason for both, not
+measured separately: the model evaluated is then no longer the one trained on the client's own
+data last; w̃_i replaces the client's update by its
 cluster's mean, and τ epochs on class-balanced features just before evaluation erase the
 client's own label prior, which its test data share. So ACMU personalises nothing under the
 default (it reweights the updates of Eq. 15's average; Tables V and VI show what that does) and
