@@ -468,6 +468,10 @@ def test_resume_reruns_only_the_unfinished_run(swept, tmp_path):
     assert res.exit_code == 0, res.output
     assert "1 done, 1 to run" in res.output and "1 runs finished" in res.output
     assert kept.stat().st_mtime_ns == kept_stamp  # the finished run was not touched
+    before = {r["dir"]: r for r in json.loads((out / "sweep.json").read_text())["runs"]}
+    after = {r["dir"]: r for r in json.loads((copy / "sweep.json").read_text())["runs"]}
+    assert after["a05/fedavg/seed0"]["at"] == before["a05/fedavg/seed0"]["at"]  # when it finished
+    assert after["a05/local/seed0"]["at"] > before["a05/local/seed0"]["at"]
     assert redo.is_file()
     assert results(copy) == reference  # and the rerun reproduces the original exactly
 

@@ -123,10 +123,12 @@ class SweepRecord:
             }
             old = previous.get(rel, {})
             if st.state == "done":
-                # keep what an earlier invocation measured
+                # keep what an earlier invocation measured, and when the run finished
                 for key in _KEPT:
                     if key in old:
                         entry[key] = old[key]
+                if old.get("status") == "done" and "at" in old:
+                    entry["at"] = old["at"]
             if st.note:
                 entry["note"] = st.note
             self.entries[run.dir] = entry
