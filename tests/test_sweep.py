@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from fedtail.sweep import (
 )
 from fedtail.cli.sweep_cmd import parse_duration
 from fedtail.sweep.estimate import describe, estimate, learned
+from fedtail.sweep.status import folder_lock
 from helpers import invoke, sweep_base
 
 BASE = sweep_base(1)
@@ -297,6 +299,22 @@ def test_pid_lock_refuses_a_live_holder_and_takes_over_a_dead_one(tmp_path):
     again.release()
     path.write_text("{half-writ")  # garbage: treated as left by a dead process
     assert PidLock(path).try_acquire() is None
+
+
+def test_a_claim_being_written_is_never_read_half_written(tmp_path):
+    # Two sweeps ran one run twice: one read a claim the other had created but not yet written,
+    # and took it for a dead process's. Claims are created and written under the folder's lock.
+    path = tmp_path / ".seed0.claim"
+    got: list = []
+    with folder_lock(tmp_path):  # another sweep between creating its claim and writing it
+        path.write_text("")
+        waiting = threading.Thread(target=lambda: got.append(PidLock(path).try_acquire()))
+        waiting.start()
+        waiting.join(0.3)
+        assert waiting.is_alive() and not got  # blocked, not taking the empty file over
+        path.write_text(json.dumps({"pid": os.getpid(), "host": os.uname().nodename}))
+    waiting.join(30)
+    assert got == [os.getpid()]  # it sees the live holder
 
 
 def test_a_run_claimed_by_another_live_sweep_is_skipped_and_left_alone(tmp_path):

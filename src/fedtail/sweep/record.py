@@ -12,7 +12,6 @@ machine, times) is the last writer's.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import threading
@@ -24,27 +23,7 @@ from fedtail.machine import machine_info
 from fedtail.report.runfiles import write_json
 from fedtail.sweep.pool import RunOutcome
 from fedtail.sweep.spec import ORDER, PlannedRun, Sweep
-from fedtail.sweep.status import RunStatus, now
-
-try:
-    import fcntl
-except ImportError:  # not POSIX: concurrent sweeps on one folder may lose each other's entries
-    fcntl = None  # type: ignore[assignment]
-
-
-@contextlib.contextmanager
-def _folder_lock(folder: Path):
-    """An exclusive ``flock`` on the folder itself (released when the process dies)."""
-    if fcntl is None:
-        yield
-        return
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # closing releases the lock
-
+from fedtail.sweep.status import RunStatus, folder_lock, now
 
 _last_stamp = datetime.min.replace(tzinfo=timezone.utc)
 _stamp_lock = threading.Lock()
@@ -177,7 +156,7 @@ class SweepRecord:
                     entry["error"] = outcome.error
             self.data["updated"] = now()
             self.sweep.out.mkdir(parents=True, exist_ok=True)
-            with _folder_lock(self.sweep.out):
+            with folder_lock(self.sweep.out):
                 write_json(self.path, self.data | {"runs": self._merged(_read_runs(self.path))})
 
     def _merged(self, on_disk: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:

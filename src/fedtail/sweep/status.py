@@ -10,6 +10,7 @@ anything else is *pending* (cleared and rerun).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -20,6 +21,11 @@ from pathlib import Path
 from fedtail.errors import ConfigError
 from fedtail.report.runfiles import IGNORED_KEYS, checkpoint_info, config_diff  # noqa: F401 (IGNORED_KEYS: re-exported)
 from fedtail.sweep.spec import PlannedRun, Sweep
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: sweeps sharing a folder are not serialised
+    fcntl = None  # type: ignore[assignment]
 
 STATES = ("done", "pending", "stale", "busy", "partial", "diverged")
 
@@ -164,12 +170,31 @@ def to_run(statuses: list[RunStatus], sweep: Sweep, force: bool, rerun_diverged:
     return [st.run for st in statuses if st.run.dir in selected and st.state in wanted]
 
 
+@contextlib.contextmanager
+def folder_lock(folder: Path):
+    """An exclusive ``flock`` on the folder itself, for a short critical section (released
+    when the process dies). Threads of one process exclude each other too: each opens its own fd."""
+    if fcntl is None:
+        yield
+        return
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
 class PidLock:
     """A file created exclusively that holds its owner's pid; the file of a dead owner is taken over.
 
     Used as ``DIR.claim`` beside each run folder while a sweep runs it (:func:`claim_path`), so
     several sweeps (of one file or of several) can share an output folder without running a
     run twice. Same host only: a lock written on another host is never taken over.
+
+    Acquiring (read, take over, create and write) runs under :func:`folder_lock` on the claim's
+    folder: otherwise a sweep could read a claim another had created but not yet written, take
+    it for the garbage of a dead process and run the same run (seen with two sweeps under load).
     """
 
     def __init__(self, path: Path) -> None:
@@ -179,6 +204,10 @@ class PidLock:
     def try_acquire(self) -> int | None:
         """None when acquired, else the pid of the live process holding the lock."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        with folder_lock(self.path.parent):
+            return self._acquire()
+
+    def _acquire(self) -> int | None:
         host = os.uname().nodename if hasattr(os, "uname") else ""
         for _ in range(2):
             try:
