@@ -37,9 +37,9 @@ def test_m_step_centre_is_the_member_mean_and_empty_clusters_keep_theirs():
 # --- the server ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("weighted", [False, True])
-def test_server_round_uses_every_known_model_and_sends_each_client_its_centre(weighted):
-    options = {"weighted": weighted, "init": "random", "cold_start": "random"}
+@pytest.mark.parametrize("weighted, m_step", [(False, "all"), (True, "all"), (False, "round"), (True, "round")])
+def test_server_round_uses_every_known_model_and_sends_each_client_its_centre(weighted, m_step):
+    options = {"weighted": weighted, "init": "random", "cold_start": "random", "m_step": m_step}
     sim = simulation(tiny_config(algorithm="fesem", options=options, log_clustering_every=1))
     server = sim.server
     template = sim.server_ctx.init_weights
@@ -57,11 +57,12 @@ def test_server_round_uses_every_known_model_and_sends_each_client_its_centre(we
     assert server.labels == {0: 0, 1: 1, 2: 1, 3: 1}
     n = sim.server_ctx.client_train_sizes
     assert len({n[1], n[2], n[3]}) > 1  # the premise of the weighted case
-    members = {1: 11.0, 2: 10.5, 3: 9.0}  # the stale upload of client 3 counts
+    # the stale upload of client 3 joins the E-step always, the M-step only under m_step=all
+    members = {1: 11.0, 2: 10.5, 3: 9.0} if m_step == "all" else {1: 11.0, 2: 10.5}
     if weighted:
         expected = sum(n[c] * v for c, v in members.items()) / sum(n[c] for c in members)
     else:
-        expected = sum(members.values()) / 3
+        expected = sum(members.values()) / len(members)
     assert torch.allclose(server.centres[0], torch.ones(len(server.centres[0])))
     assert torch.allclose(server.centres[1], torch.full_like(server.centres[1], float(expected)))
     record = comm.logged["clustering"]
@@ -127,37 +128,45 @@ def test_first_round_init_with_more_centres_than_clients_fills_with_random_ones(
     assert float(far.min()) > 10 * float((models - init).norm(dim=1).max())
 
 
-@pytest.mark.parametrize("cold_start", ["random", "loss"])
-def test_common_init_starts_k_copies_and_its_first_assignment_is_the_cold_starts(cold_start):
-    options = {"num_clusters": 3, "init": "common", "cold_start": cold_start}
+def test_common_init_starts_k_copies_and_keeps_the_random_assignment_until_every_centre_is_built():
+    options = {"num_clusters": 3, "init": "common", "cold_start": "random", "m_step": "round"}
     sim = simulation(tiny_config(algorithm="fesem", options=options, log_clustering_every=1))
     server = sim.server
-    init = flatten(sim.server_ctx.init_weights, server.keys)
-    assert all(torch.equal(c, init) for c in server.centres)
     template = sim.server_ctx.init_weights
-    uploads = {0: 1.0, 1: 2.0, 2: 3.0, 3: 4.0, 4: 5.0}
-    picks = {0: 2, 1: 0, 2: 1, 3: 2, 4: 1}  # what each client trained under cold_start=loss
-    comm = ScriptedComm({c: reply(filled(template, v), 1.0, choice=float(picks[c])) for c, v in uploads.items()})
-    server.run_round(1, list(uploads), comm)
-    expected = picks if cold_start == "loss" else {c: int(server.cold_labels[c]) for c in uploads}
-    assert server.labels == expected  # not every client on centre 0, as the tied E-step would put them
-    for k in range(3):
-        members = [uploads[c] for c in uploads if expected[c] == k]
-        if members:
-            assert torch.allclose(server.centres[k], torch.full_like(init, sum(members) / len(members)))
-    # from round 2 on the E-step assigns by distance to the centres of round 1
-    before = server.centres.clone()
-    comm = ScriptedComm({0: reply(filled(template, 4.9), 1.0, choice=0.0)})
-    server.run_round(2, [0], comm)
-    distances = (before - torch.full_like(init, 4.9)).norm(dim=1)
-    assert server.labels[0] == int(distances.argmin()) and float(distances.max() - distances.min()) > 0.5
+    init = flatten(template, server.keys)
+    assert all(torch.equal(c, init) for c in server.centres)
+    server.cold_labels = np.array([0, 1, 0, 1, 2, 2])
+
+    def round_(rnd, uploads):
+        comm = ScriptedComm({c: reply(filled(template, v), 1.0) for c, v in uploads.items()})
+        server.run_round(rnd, sorted(uploads), comm)
+        return comm
+
+    # rounds 1-2: only centres 0 and 1 get members; centre 2 is still the initial model, so
+    # clients keep their random centres although client 1's model (1.1) is nearest centre 0
+    round_(1, {0: 1.0, 1: 3.0, 2: 1.2})
+    assert server.labels == {0: 0, 1: 1, 2: 0} and server.unbuilt == {2}
+    assert torch.allclose(server.centres[0], torch.full_like(init, 1.1))
+    assert torch.allclose(server.centres[1], torch.full_like(init, 3.0))
+    assert torch.equal(server.centres[2], init)
+    round_(2, {1: 1.1})
+    assert server.labels == {0: 0, 1: 1, 2: 0}
+    assert torch.allclose(server.centres[1], torch.full_like(init, 1.1))  # the round's member only
+    # round 3 builds centre 2 from client 4; from round 4 on the E-step assigns by distance
+    round_(3, {4: 7.0})
+    assert server.unbuilt == set() and server.labels[4] == 2
+    assert torch.allclose(server.centres[2], torch.full_like(init, 7.0))
+    round_(4, {3: 6.5, 0: 1.0})  # client 3 (random centre 1) is nearest centre 2
+    # clients 1 and 2 (stale 1.1 and 1.2) tie between centres 0 and 1 (both 1.1): the lowest k
+    assert server.labels == {0: 0, 1: 0, 2: 0, 3: 2, 4: 2}
+    assert torch.allclose(server.centres[2], torch.full_like(init, 6.5))  # this round's members: client 3
 
 
 def test_the_reference_is_the_authors_common_start_and_random_first_assignment():
     opts = algorithm_options(tiny_config(algorithm="fesem"))
-    assert (opts.init, opts.cold_start) == ("common", "random")
+    assert (opts.init, opts.cold_start, opts.m_step) == ("common", "random", "round")
     bare = algorithm_options(build_config(tiny_raw(algorithm="fesem"), reference=False))
-    assert (bare.init, bare.cold_start) == ("first-round", "loss")
+    assert (bare.init, bare.cold_start, bare.m_step) == ("first-round", "loss", "all")
 
 
 def test_one_centre_with_every_client_sampled_is_plain_or_weighted_averaging():
@@ -184,6 +193,8 @@ def test_one_centre_with_every_client_sampled_is_plain_or_weighted_averaging():
         ("fesem.init=kmeans", "--set fesem.init"),
         ("fesem.cold_start=nearest", "--set fesem.cold_start"),
         ("fesem.weighted=maybe", "--set fesem.weighted"),
+        ("fesem.m_step=stale", "--set fesem.m_step"),
+        ("fesem.cold_start=loss", "init=common needs cold_start=random"),
     ],
 )
 def test_bad_options_are_rejected(assignment, needle):

@@ -21,9 +21,16 @@ centre. There is no global model.
 
 Interpretations where the paper is silent (options, or noted here):
 
-- With client sampling, the server keeps every client's last uploaded ω_i, and the E- and
-  M-steps run over every client seen so far (Algorithm 1 writes them over all clients i); a
-  cluster left without members keeps its centre. Ties in the E-step go to the lowest k.
+- With client sampling, the server keeps every client's last uploaded ω_i, and the E-step runs
+  over every client seen so far (Algorithm 1 writes it over all clients i). Ties go to the
+  lowest k.
+- ``m_step``: which members' models make a centre. ``all``: every member's last upload, stale
+  ones included (Algorithm 1's sum over all clients i, read literally under sampling). ``round``:
+  only the members trained this round, as the authors' code sets each centre to the average of
+  the cluster's clients that trained in the round (stale models enter only its clustering). With
+  25 % of the clients a round, ``all`` averages mostly models trained from older centres, so the
+  centres move a fraction of what the round's training moved them. Either way a cluster without
+  (fresh) members keeps its centre.
 - The M-step is the paper's plain mean; ``weighted=true`` weights the members by their
   training-set sizes (with K = 1 and every client sampled, that is FedAvg exactly).
 - ``init``: how the K centres start is not specified in what we could check of the paper.
@@ -33,18 +40,24 @@ Interpretations where the paper is silent (options, or noted here):
   min(K, clients) different clients have uploaded (round 1 when a round samples at least K), and
   the centres are K of those models picked by k-means++ seeding (scikit-learn), then that round's
   E- and M-steps run as usual. ``common``: all K centres are the run's initial model, as the
-  authors' code starts them; the first E-step, which would tie every client to centre 0, is
-  replaced by the clients' cold-start assignment (below), so round 1's M-step builds K different
-  centres from a random partition, and the E-steps run from round 2 on.
+  authors' code starts them, and every client keeps its random cold-start centre (below) until
+  each centre has been built by an M-step from members of its own; the E-steps start in the
+  round after. The authors' code trains every cluster in every round (it samples clients per
+  cluster), so its first re-clustering also sees K trained centres. Running E-steps from round 2,
+  as an earlier version did, compared the clients with the centres built in round 1 and with the
+  untouched copies of the initial model, which all tie, so only the lowest of those copies could
+  win members: with K 40 and 25 clients a round only 26 centres were ever used. Needs
+  ``cold_start=random`` (with identical centres a choice by loss always picks the first).
 - ``cold_start``: a client with no uploaded model yet has no assignment. ``random``: it belongs to
   a fixed random cluster, drawn once for all clients from the run seed as a balanced permutation
   (the multi-center-fed-learning code released with the paper's arXiv version also starts from
   a random assignment). ``loss``: it receives all K centres and starts from, or is evaluated
   with, the one of lowest training loss (IFCA's rule; K models on the downlink, metered). Its
   first upload then gets it an assignment.
-- Defaults: ``init=first-round`` and ``cold_start=loss``; the reference (``fedtail list``) a new
-  run gets is the authors' code's ``init=common`` with ``cold_start=random`` (their first
-  clustering is a random assignment of the clients to K copies of one model). Under ``init=random`` a locally
+- Defaults: ``init=first-round``, ``cold_start=loss`` and ``m_step=all`` (the behaviour before
+  the option existed); the reference (``fedtail list``) a new run gets is the authors' code's
+  ``init=common`` with ``cold_start=random`` (their first clustering is a random assignment of
+  the clients to K copies of one model) and ``m_step=round``. Under ``init=random`` a locally
   trained model stays far nearer the centre it started from than any other random
   initialisation, so the E-step never moves a client (seen in small runs) and FeSEM would
   reduce to a fixed random partition; from round-1 models the E-step does move clients.
@@ -52,8 +65,9 @@ Interpretations where the paper is silent (options, or noted here):
   carry the common initial model's values for them.
 
 Missing replies (``--dropout``, rejected replies): a client that did not reply keeps its last
-upload (or stays unassigned), as a client not sampled; the E- and M-steps run over the uploads
-kept, and a centre left without members keeps its value. Under ``init=first-round`` the centres
+upload (or stays unassigned), as a client not sampled; the E-step runs over the uploads kept, the
+M-step over those or (``m_step=round``) over the round's replies, and a centre left without
+members keeps its value. Under ``init=first-round`` the centres
 are seeded at the end of the first round by which min(K, clients) clients have uploaded; until
 then clients train the initial model and nothing is clustered or logged. (Seeding as soon as one
 round's clients had uploaded left K − clients-per-round centres as random initialisations, far
@@ -66,7 +80,7 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from fedtail.algorithms.base import Algorithm, AlgorithmConfig, Comm, Message, Reference, ServerHalf, Tensors
 from fedtail.algorithms.clustering import (
@@ -100,6 +114,20 @@ class FeSEMConfig(AlgorithmConfig):
         description="a client never assigned uses a fixed random centre, or the centre of lowest training loss",
     )
     weighted: bool = Field(False, description="sample-weighted M-step (the paper: plain mean of the members)")
+    m_step: Literal["all", "round"] = Field(
+        "all",
+        description="a centre is the mean of its members' last uploads (every client seen so far), or of "
+        "the members trained this round (the authors' code)",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> FeSEMConfig:
+        if self.init == "common" and self.cold_start == "loss" and self.num_clusters > 1:
+            raise ValueError(
+                "init=common needs cold_start=random: K identical centres tie on every loss, so every "
+                "client would pick the first and the others would never be built"
+            )
+        return self
 
 
 # --- the server's EM steps, on flat model vectors (rows) --------------------------------------
@@ -146,8 +174,9 @@ class FeSEMServer(ServerHalf):
         if opts.init != "first-round":
             models = initial_cluster_models(ctx, opts.num_clusters, random=opts.init == "random")
             self.centres = self._flat(models)
-        # under init=common the centres are K copies of one model until the first M-step
-        self.identical = opts.init == "common" and opts.num_clusters > 1
+        # under init=common, centres that are still copies of the initial model (no M-step has
+        # given them members): while any is left, every client keeps its random first centre
+        self.unbuilt: set[int] = set(range(opts.num_clusters)) if opts.init == "common" else set()
         self.models: dict[int, torch.Tensor] = {}  # each client's last uploaded ω_i (flat)
         self.labels: dict[int, int] = {}  # the E-step's assignment of the clients in ``models``
         rng = np.random.default_rng(ctx.seed(0xFE5E))
@@ -190,13 +219,14 @@ class FeSEMServer(ServerHalf):
         models = torch.stack([self.models[c] for c in cids])
         if self.centres is None:
             self.centres = self._first_centres(models, rnd)
-        if self.identical:  # every distance ties: the clients keep the centre they trained
+        if self.unbuilt:  # copies of the initial model tie on every distance: no E-step yet
             labels = np.array([self._cold_label(c, choices) for c in cids])
-            self.identical = False
         else:
             labels = e_step(models, self.centres)
-        weights = self.ctx.client_train_sizes[cids] if opts.weighted else None
-        self.centres = m_step(models, labels, self.centres, weights)
+        members = np.arange(len(cids)) if opts.m_step == "all" else np.flatnonzero(np.isin(cids, list(choices)))
+        weights = self.ctx.client_train_sizes[np.asarray(cids)[members]] if opts.weighted else None
+        self.centres = m_step(models[torch.as_tensor(members)], labels[members], self.centres, weights)
+        self.unbuilt -= set(labels[members].tolist())
         self.labels = {c: int(k) for c, k in zip(cids, labels)}
         comm.log(clustering=cluster_record(cids, labels, models, full=full_record(self.ctx.config, rnd)))
 
@@ -219,6 +249,7 @@ FESEM = Algorithm(
     config=FeSEMConfig,
     has_global_model=False,
     reference=Reference(
-        "the authors' code (multi-center-fed-learning)", options={"init": "common", "cold_start": "random"}
+        "the authors' code (multi-center-fed-learning)",
+        options={"init": "common", "cold_start": "random", "m_step": "round"},
     ),
 )
