@@ -11,6 +11,7 @@ import pytest
 
 from conftest import tiny_config
 from fedtail.report.collect import collect, setting_label
+from fedtail.report.analyses import plot_cluster_counts
 from fedtail.report.plots import acmu_records, pick_rounds, plot_acmu
 from fedtail.report.sweepdoc import sweep_title
 from fedtail.sweep import load_sweep
@@ -313,6 +314,29 @@ def test_clustered_methods_get_the_same_scatter_from_their_clustering_record(tmp
     assert res.exit_code == 0, res.output
     assert (tmp_path / "R-clusters-s-fedac.png").stat().st_size > 5000  # not MuPFL: named "clusters"
     assert "Client clustering, s / fedac / seed 0" in md.read_text()
+
+
+def test_cluster_count_figure_leaves_fixed_counts_out_and_names_them(tmp_path):
+    def log(counts):
+        return {r: [{"round": r, "clustering": {"num_clusters": k}}] for r, k in enumerate(counts, start=1)}
+
+    root = tmp_path / "runs"
+    for name, counts in (("adaptive", [4, 2, 3, 5]), ("fixed-k80", [80] * 4), ("fixed-k20", [20] * 4)):
+        make_run(root / "s" / name / "seed0", seed=0, final=0.8, best=0.8, best_round=4, rounds=4,
+                 rounds_log=log(counts))  # fmt: skip
+    md = tmp_path / "R.md"
+    res = invoke("report", root, "--out", md)
+    assert res.exit_code == 0, res.output
+    text = md.read_text()
+    assert "Not drawn, their count never changes: fixed-k20 20, fixed-k80 80." in text
+    col = collect([root])
+    assert plot_cluster_counts(col, tmp_path / "c.png") == [("fixed-k20", 20.0), ("fixed-k80", 80.0)]
+    # with no count that changes, every method is drawn and none named
+    only_fixed = tmp_path / "fixed"
+    make_run(only_fixed / "s" / "k5" / "seed0", seed=0, final=0.8, best=0.8, best_round=4, rounds=4, rounds_log=log([5] * 4))
+    assert plot_cluster_counts(collect([only_fixed]), tmp_path / "d.png") == []
+    assert (tmp_path / "d.png").stat().st_size > 5000
+    assert plot_cluster_counts(collect([root / "s" / "adaptive"]), tmp_path / "e.png") == []
 
 
 # --- one section per sweep file (--sweep) --------------------------------------------------------

@@ -247,8 +247,12 @@ def cluster_counts(rows: list[dict[str, Any]]) -> tuple[list[int], list[float]]:
     return rounds, [by_round[r] for r in rounds]
 
 
-def plot_cluster_counts(col: Collection, path: Path) -> bool:
-    """Number of clusters per round of each clustered method (first seed), one subplot per setting."""
+def plot_cluster_counts(col: Collection, path: Path) -> list[tuple[str, float]] | None:
+    """Number of clusters per round of each clustered method (first seed), one subplot per setting.
+
+    Methods whose count never changes (a fixed K) are left out of the figure when any method's
+    count does change, so that an adaptive count (FedAC's CNT) is not flattened under fixed Ks of
+    80–100; they are returned as (method, K) for the caption. None when nothing is drawn."""
     curves: dict[str, dict[str, tuple[list[int], list[float]]]] = {}
     for s in col.settings:
         for m in col.methods:
@@ -260,17 +264,29 @@ def plot_cluster_counts(col: Collection, path: Path) -> bool:
                     curves.setdefault(s, {})[m] = (rounds, ks)
                     break
     if not curves:
-        return False
+        return None
+    fixed_ks = {m: ks[0] for c in curves.values() for m, (_, ks) in c.items() if min(ks) == max(ks)}
+    fixed_ks = {m: k for m, k in fixed_ks.items() if all(m not in c or m in fixed_ks for c in curves.values())}
+    if any(m not in fixed_ks for c in curves.values() for m in c):  # something adapts: draw only that
+        curves = {s: {m: v for m, v in c.items() if m not in fixed_ks} for s, c in curves.items()}
+        curves = {s: c for s, c in curves.items() if c}
+        fixed = [(m, fixed_ks[m]) for m in col.methods if m in fixed_ks]
+    else:
+        fixed = []
     settings = [s for s in col.settings if s in curves]
     methods = [m for m in col.methods if any(m in c for c in curves.values())]
-    colors = dict(zip(methods, [plt.get_cmap("tab20" if len(methods) > 10 else "tab10")(i) for i in range(len(methods))]))
+    # 20 colours, then the same colours dashed, dotted, ...: no two methods share a line
+    cmap = plt.get_cmap("tab20" if len(methods) > 10 else "tab10")
+    per = 20 if len(methods) > 10 else 10
+    styles = {m: (cmap(i % per), ("-", "--", ":", "-.")[(i // per) % 4]) for i, m in enumerate(methods)}
     ncols = min(len(settings), 3)
     nrows = math.ceil(len(settings) / ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(max(4.6 * ncols, 6.4), 3.2 * nrows + 0.8), squeeze=False, dpi=110)
     handles: dict[str, Any] = {}
     for ax, s in zip(axes.flat, settings):
         for m, (rounds, ks) in curves[s].items():
-            (line,) = ax.step(rounds, ks, where="post", lw=1.3, color=colors[m])
+            color, style = styles[m]
+            (line,) = ax.step(rounds, ks, where="post", lw=1.3, color=color, linestyle=style)
             handles.setdefault(m, line)
         ax.set_title(s, fontsize=10)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -287,7 +303,7 @@ def plot_cluster_counts(col: Collection, path: Path) -> bool:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, bbox_inches="tight")
     plt.close(fig)
-    return True
+    return fixed
 
 
 # ---------------------------------------------------------------------------------------------

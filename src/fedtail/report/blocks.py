@@ -327,10 +327,14 @@ def sensitivity_figure(col: Collection, groups: list[Sensitivity], png: Path) ->
 
 
 def cluster_count_figure(col: Collection, png: Path) -> Figure | None:
-    if not plot_cluster_counts(col, png):
+    fixed = plot_cluster_counts(col, png)
+    if fixed is None:
         return None
-    return ("Number of clusters per round of the clustered methods (FedAC's CNT, MuPFL's κ; first seed of each "
-            "cell), from the `clustering` / `acmu` entries logged every round.", png)  # fmt: skip
+    caption = ("Number of clusters per round of the clustered methods (FedAC's CNT, MuPFL's κ; first seed of each "
+               "cell), from the `clustering` / `acmu` entries logged every round.")  # fmt: skip
+    if fixed:
+        caption += " Not drawn, their count never changes: " + ", ".join(f"{m} {k:g}" for m, k in fixed) + "."
+    return caption, png
 
 
 def collection_figures(
