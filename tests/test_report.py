@@ -44,6 +44,7 @@ def make_run(folder: Path, *, seed: int, final: float, best: float, best_round: 
         "best": {"round": best_round, "personalized_acc": best},
         "rounds": rounds,
         "wall_time_s": wall,
+        "time_s": {"client": wall - 10.5, "server": 10.5},
         "bytes": {"up": bytes_up, "down": 2 * bytes_up, "edge_up": 0},
     }
     (folder / "summary.json").write_text(json.dumps(summary))
@@ -177,8 +178,8 @@ def test_costs_table(sweep_dir, tmp_path):
     md = tmp_path / "R.md"
     assert invoke("report", sweep_dir, "--out", md).exit_code == 0
     costs = md.read_text().split("## Costs", 1)[1].split("\n## ")[0]
-    # 2e6 bytes up over 4 rounds = 0.5 MB per round; down is twice that; 120 s = 2 minutes
-    assert "| fedavg | s-b | 3 | 2.00 | 0.500 | 1.000 | 0.000 |" in costs
+    # 2e6 bytes up over 4 rounds = 0.5 MB per round; down is twice that; 120 s = 2 minutes, 10.5 s on the server
+    assert "| fedavg | s-b | 3 | 2.00 | 10.5 | 0.500 | 1.000 | 0.000 |" in costs
     # 8 finished runs of 2 minutes each (the killed run has no wall time): 16 min
     assert "In total 8 timed runs, 0.3 h of wall time" in costs
 

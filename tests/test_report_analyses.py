@@ -238,3 +238,35 @@ def test_ccp_end_of_every_delta_is_read_from_the_mds_every_round_run(tmp_path):
     # δ 0.1: never below in 6 rounds; 0.3: round 5 (0.2); 0.5: round 4 (0.35); 0.7: round 3; 0.9: round 3
     assert "| s | fedrema-no-ccp | 0 | > 6 | 5 | 4 | 3 | 3 |" in text
     assert "| s | fedrema | 0 |" not in text  # a run whose own CCP ended logs no ratios after it
+
+
+def test_table3_rows_take_each_deltas_numbers_from_the_run_it_equals(tmp_path):
+    root = tmp_path / "runs"
+    ratios = [1.0, 0.95, 0.6, 0.35, 0.2, 0.25]  # δ 0.1: no end; 0.3: round 5; 0.5: round 4; 0.7 and 0.9: round 3
+    log = {r: [{"round": r, "fedrema": {"ccp": True, "ccp_rounds": r, "ratio": q, "ended": False}}]
+           for r, q in enumerate(ratios, 1)}  # fmt: skip
+    curve_run(root / "s" / "fedrema-no-ccp" / "seed0", [0.5, 0.6, 0.7, 0.8, 0.8, 0.71], seed=0, algorithm="fedrema",
+              options={"ccp": False}, rounds_log=log)  # fmt: skip
+    curve_run(root / "s" / "fedrema" / "seed0", [0.5, 0.6, 0.7, 0.8, 0.9, 0.85], seed=0, algorithm="fedrema",
+              rounds_log=ccp_log(4, 6))  # fmt: skip
+    curve_run(root / "s" / "fedrema-delta0.9" / "seed0", [0.5, 0.6, 0.7, 0.75, 0.76, 0.73], seed=0,
+              algorithm="fedrema", options={"delta": 0.9}, rounds_log=ccp_log(3, 6))  # fmt: skip
+    curve_run(root / "s" / "fedrema-no-mds" / "seed0", [0.4] * 6, seed=0, algorithm="fedrema",
+              options={"mds": False})  # fmt: skip
+    md = tmp_path / "R.md"
+    res = invoke("report", root, "--out", md)
+    assert res.exit_code == 0, res.output
+    rows = {r[1]: r for r in (line.split(" | ") for line in md.read_text().splitlines()) if len(r) == 8 and r[0] == "| s"}
+    assert rows["0.1"][2:5] == ["> 6", "80.00 (1 seed)", "71.00 (1 seed)"]
+    assert rows["0.1"][7] == "seed 0: = fedrema-no-ccp (the CCP does not end within the run) |"
+    assert rows["0.3"][2:5] == ["5", "—", "—"] and "no run ends its CCP in that round" in rows["0.3"][7]
+    assert rows["0.5"][2:5] == ["4", "90.00 (1 seed)", "85.00 (1 seed)"] and "its own run |" in rows["0.5"][7]
+    for delta in ("0.7", "0.9"):  # 0.7 was not run: the 0.9 run ended its CCP in the same round
+        assert rows[delta][2:5] == ["3", "76.00 (1 seed)", "73.00 (1 seed)"]
+    assert "= fedrema-delta0.9 (its CCP ended in the same round)" in rows["0.7"][7]
+    assert rows["0.7"][6] == "10.5"  # the server seconds of the run used
+    # a run made with a δ whose CCP ended elsewhere than the ratios say is flagged, not hidden
+    curve_run(root / "s" / "fedrema-delta0.3" / "seed0", [0.5] * 6, seed=0, algorithm="fedrema",
+              options={"delta": 0.3}, rounds_log=ccp_log(2, 6))  # fmt: skip
+    assert invoke("report", root, "--out", md).exit_code == 0
+    assert "whose CCP ended in round 2 where the ratios of fedrema-no-ccp say 5" in md.read_text()

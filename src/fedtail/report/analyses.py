@@ -33,7 +33,7 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from fedtail.errors import FedtailError  # noqa: E402
 from fedtail.report.collect import Collection, Run  # noqa: E402
-from fedtail.report.tables import DASH, markdown_table  # noqa: E402
+from fedtail.report.tables import DASH, cell, format_cell, markdown_table  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------
 # rounds to an accuracy level
@@ -400,6 +400,88 @@ def ccp_delta_table(col: Collection, deltas: Sequence[float] = PAPER_DELTAS) -> 
     if not rows:
         return None
     return markdown_table(["setting", "method", "seed"] + [f"δ {d:g}" for d in deltas], rows)
+
+
+def ccp_end_round(run: Run) -> int | None:
+    """The round in which a FedReMa run's CCP ended (its record says ``ended``); None if it never did."""
+    by_round = fedrema_records(run)
+    return next((r for r in sorted(by_round) if by_round[r].get("ended")), None)
+
+
+@dataclass
+class DeltaSource:
+    """Where one seed's numbers for one δ come from."""
+
+    end: int | None  # the δ's CCP end from the MDS-every-round run's ratios (None: not within the run)
+    last: int  # the last round that run logged
+    run: Run | None  # the run whose accuracy and cost stand for this δ (None: no run equals it)
+    note: str  # how ``run`` was chosen
+
+
+def delta_sources(col: Collection, setting: str, delta: float) -> dict[int | None, DeltaSource]:
+    """Seed -> the run that stands for FedReMa with ``delta`` in ``setting`` (MDS on, seeds of the
+    MDS-every-round runs): the run made with that δ; else, as a run with δ is the MDS-every-round
+    run until its CCP ends and δ plays no part afterwards, a run of another δ whose CCP ended in
+    the same round, or the MDS-every-round run itself when the CCP would not end within the run."""
+    def fedrema_runs(ccp: bool) -> list[tuple[Run, dict[str, Any]]]:
+        out = []
+        for m in col.methods:
+            for run in col.finished(setting, m):
+                opts = _effective_options(run.config or {})
+                if (run.config or {}).get("algorithm") == "fedrema" and opts.get("mds", True) and bool(opts.get("ccp", True)) == ccp:
+                    out.append((run, opts))
+        return out
+
+    with_ccp = fedrema_runs(True)
+    found: dict[int | None, DeltaSource] = {}
+    for base, _ in fedrema_runs(False):
+        ends = ccp_ends(base, [delta])
+        if ends is None or base.seed in found:
+            continue
+        end, last = ends[0][0], ends[1]
+        same_seed = [(r, o) for r, o in with_ccp if r.seed == base.seed]
+        exact = [r for r, o in same_seed if _number(o.get("delta")) is not None and abs(float(o["delta"]) - delta) < 1e-12]
+        if exact:
+            own = ccp_end_round(exact[0])
+            note = "its own run" if own == end else (
+                f"its own run, whose CCP ended in round {own if own is not None else 'none'} where the "
+                f"ratios of {base.method} say {end if end is not None else 'none'}: the runs are not the same up to the end")  # fmt: skip
+            found[base.seed] = DeltaSource(end, last, exact[0], note)
+        elif end is None:
+            found[base.seed] = DeltaSource(end, last, base, f"= {base.method} (the CCP does not end within the run)")
+        else:
+            twins = [r for r, _ in same_seed if ccp_end_round(r) == end]
+            note = f"= {twins[0].method} (its CCP ended in the same round)" if twins else "no run ends its CCP in that round"
+            found[base.seed] = DeltaSource(end, last, twins[0] if twins else None, note)
+    return found
+
+
+def delta_table(col: Collection, deltas: Sequence[float] = PAPER_DELTAS) -> str | None:
+    """FedReMa's Table 3 analogue per setting: for each δ the CCP's length, the accuracy (best
+    round, final round, mean of the last 10) and the server's seconds, from the run that stands for
+    that δ (:func:`delta_sources`), so a δ whose run repeats another's needs no run of its own.
+    None when the collection has no MDS-every-round FedReMa run."""
+    rows = []
+    for s in col.settings:
+        for d in deltas:
+            sources = delta_sources(col, s, d)
+            if not sources:
+                continue
+            seeds = sorted(sources, key=lambda k: (k is None, k))
+            lengths = ", ".join(str(sources[k].end) if sources[k].end is not None else f"> {sources[k].last}" for k in seeds)
+            runs = [sources[k].run for k in seeds if sources[k].run is not None]
+            server = [((r.summary or {}).get("time_s") or {}).get("server") for r in runs]
+            server = [float(v) for v in server if isinstance(v, (int, float))]
+            notes = "; ".join(f"seed {k}: {sources[k].note}" for k in seeds)
+            rows.append(
+                [s, f"{d:g}", lengths]
+                + [format_cell(cell(runs, which)) for which in ("best", "final", "last10")]
+                + [f"{statistics.fmean(server):.1f}" if server else DASH, notes]
+            )
+    if not rows:
+        return None
+    header = ["setting", "δ", "CCP rounds (per seed)", "best round (%)", "final round (%)", "last 10 (%)", "server s / run", "numbers from"]
+    return markdown_table(header, rows)
 
 
 def ccp_table(col: Collection) -> str | None:

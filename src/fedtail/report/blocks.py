@@ -17,6 +17,7 @@ from fedtail.report.analyses import (
     ccp_delta_table,
     ccp_table,
     check_levels,
+    delta_table,
     plot_cluster_counts,
     plot_sensitivity,
     rounds_to_table,
@@ -299,6 +300,18 @@ def ccp_block(col: Collection, level: int = 2) -> list[str]:
             "run; “> R”: the ratio never fell below δ in the run's R rounds.",
             "",
             by_delta,
+            "",
+        ]
+    deltas = delta_table(col)
+    if deltas is not None:
+        md += [
+            "Table 3's rows, one per δ (MDS on). A δ's numbers come from its own run where one was made; "
+            "otherwise from the run it is the same as: a run of another δ whose CCP ended in the same "
+            "round (the same seed), or, when the CCP does not end within the run, the run with MDS every "
+            "round. Accuracies: mean ± std over the seeds; server seconds: the server half's own work "
+            "(MDS, the history map), which wall time under a shared machine does not resolve.",
+            "",
+            deltas,
             "",
         ]
     return md

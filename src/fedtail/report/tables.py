@@ -285,8 +285,12 @@ def _mean(values: list[float]) -> float | None:
 
 
 def costs_table(col: Collection) -> str:
-    """Wall minutes per run and MB (10^6 bytes) per round up / down / edge→server, mean over seeds
-    (named accuracies are views of other runs: no rows of their own)."""
+    """Wall minutes and server seconds per run and MB (10^6 bytes) per round up / down /
+    edge→server, mean over seeds (named accuracies are views of other runs: no rows of their own).
+
+    Server seconds (``summary.json``'s ``time_s.server``: the server half's own work, clients'
+    training excluded) show what a server-side step costs (FedReMa's MDS, a clustering) where the
+    wall time of runs that shared the cores with other runs mostly measures the load."""
     groups = [(m, s, col.finished(s, m)) for m in col.methods for s in col.settings]
     return costs_table_of([(m, s, runs) for m, s, runs in groups if not any(r.named for r in runs)])
 
@@ -297,18 +301,23 @@ def costs_table_of(groups: list[tuple[str, str, list[Run]]]) -> str:
     A report over several sweep files passes its distinct cells here, so a run that several
     sweeps plan is costed once.
     """
-    header = ["method", "setting", "runs", "wall min / run", "MB up / round", "MB down / round", "MB edge→server / round"]
+    header = ["method", "setting", "runs", "wall min / run", "server s / run", "MB up / round", "MB down / round",
+              "MB edge→server / round"]  # fmt: skip
     rows = []
     total_min, total_runs = 0.0, 0
     for m, s, runs in groups:
         if not runs:
             continue
         wall: list[float] = []
+        server: list[float] = []
         per_round: dict[str, list[float]] = {"up": [], "down": [], "edge_up": []}
         for run in runs:
             summary: dict[str, Any] = run.summary or {}
             if isinstance(summary.get("wall_time_s"), (int, float)):
                 wall.append(summary["wall_time_s"] / 60)
+            times = summary.get("time_s") or {}
+            if isinstance(times, dict) and isinstance(times.get("server"), (int, float)):
+                server.append(times["server"])
             rounds = summary.get("rounds")
             traffic = summary.get("bytes") or {}
             for key in per_round:
@@ -318,12 +327,12 @@ def costs_table_of(groups: list[tuple[str, str, list[Run]]]) -> str:
         total_runs += len(wall)
         fmt = lambda v, d=2: DASH if v is None else f"{v:.{d}f}"  # noqa: E731
         rows.append(
-            [m, s, str(len(runs)), fmt(_mean(wall), 2)]
+            [m, s, str(len(runs)), fmt(_mean(wall), 2), fmt(_mean(server), 1)]
             + [fmt(_mean(per_round[k]), 3) for k in ("up", "down", "edge_up")]
         )
     if not rows:
         return "_No finished runs._"
-    table = markdown_table(header, rows, ["l", "l", "r", "r", "r", "r", "r"])
+    table = markdown_table(header, rows, ["l", "l", "r", "r", "r", "r", "r", "r"])
     # the sum a compute budget is checked against (runs sharing the cores each count their own wall time)
     return table + f"\n\nIn total {total_runs} timed runs, {total_min / 60:.1f} h of wall time (the sum over runs)."
 
