@@ -208,10 +208,10 @@ class FeSEMServer(ServerHalf):
 
     def run_round(self, rnd: int, clients: list[int], comm: Comm) -> None:
         opts: FeSEMConfig = self.ctx.options
-        choices: dict[int, int] = {}
+        fresh: list[int] = []  # the clients that trained this round
         for cid, reply in comm.stream({cid: self._message(cid, "fit") for cid in clients}):
             self.models[cid] = flatten(reply.tensors, self.keys)
-            choices[cid] = int(reply.metrics.get("choice", 0))  # a single centre sent: its index is 0
+            fresh.append(cid)
         if self.centres is None and len(self.models) < min(opts.num_clusters, self.ctx.num_clients):
             # seeded now, some centres would be random initialisations where trained models will do
             return
@@ -220,21 +220,15 @@ class FeSEMServer(ServerHalf):
         if self.centres is None:
             self.centres = self._first_centres(models, rnd)
         if self.unbuilt:  # copies of the initial model tie on every distance: no E-step yet
-            labels = np.array([self._cold_label(c, choices) for c in cids])
+            labels = self.cold_labels[cids]  # init=common implies cold_start=random
         else:
             labels = e_step(models, self.centres)
-        members = np.arange(len(cids)) if opts.m_step == "all" else np.flatnonzero(np.isin(cids, list(choices)))
+        members = np.arange(len(cids)) if opts.m_step == "all" else np.flatnonzero(np.isin(cids, fresh))
         weights = self.ctx.client_train_sizes[np.asarray(cids)[members]] if opts.weighted else None
         self.centres = m_step(models[torch.as_tensor(members)], labels[members], self.centres, weights)
         self.unbuilt -= set(labels[members].tolist())
         self.labels = {c: int(k) for c, k in zip(cids, labels)}
         comm.log(clustering=cluster_record(cids, labels, models, full=full_record(self.ctx.config, rnd)))
-
-    def _cold_label(self, cid: int, choices: dict[int, int]) -> int:
-        """The centre a client without an assignment trained: its fixed random one, or its pick by loss."""
-        if self.ctx.options.cold_start == "loss":
-            return choices[cid]
-        return int(self.cold_labels[cid])
 
     def evaluation_message(self, cid: int) -> Message:
         return self._message(cid, "evaluate")
