@@ -131,6 +131,31 @@ def test_tables_are_mean_and_std_of_the_summaries(sweep_dir, tmp_path):
     assert final["fedavg"]["s-b"] == "78.87 ± 1.37 (3 seeds)"
 
 
+def test_last10_of_a_summary_that_predates_it_comes_from_metrics(tmp_path):
+    root = tmp_path / "runs"
+    for seed in (0, 1):
+        make_run(root / "s" / "fedavg" / f"seed{seed}", seed=seed, final=0.6, best=0.6, best_round=12, rounds=12)
+        # rounds 1..12 at 0.50, 0.51, ..., 0.61: the final 10 (rounds 3..12) average 0.565
+        rows = [{"round": r, "personalized_acc": 0.49 + r / 100} for r in range(1, 13)]
+        (root / "s" / "fedavg" / f"seed{seed}" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    summary_path = root / "s" / "fedavg" / "seed1" / "summary.json"
+    summary = json.loads(summary_path.read_text()) | {"last10": {"personalized_acc": 0.61}}
+    summary_path.write_text(json.dumps(summary))  # a summary's own last10 is kept
+
+    runs = {r.seed: r for r in collect([root]).runs}
+    derived = runs[0].summary["last10"]
+    assert derived["personalized_acc"] == pytest.approx(0.565)
+    assert derived["rounds"] == [3, 12] and derived["evaluations"] == 10
+    assert derived["derived"] == "metrics.jsonl"
+    assert runs[1].summary["last10"] == {"personalized_acc": 0.61}
+    assert "last10" not in json.loads((root / "s" / "fedavg" / "seed0" / "summary.json").read_text())  # files untouched
+
+    md = tmp_path / "R.md"
+    assert invoke("report", root, "--out", md).exit_code == 0
+    last10 = table(md.read_text(), "Personalised accuracy, mean over the final 10 rounds (%)")
+    assert last10["fedavg"]["s"] == expected_cell([0.565, 0.61])
+
+
 def test_missing_runs_show_a_dash_and_are_listed(sweep_dir, tmp_path):
     md = tmp_path / "R.md"
     res = invoke("report", sweep_dir, "--out", md)

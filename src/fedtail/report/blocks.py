@@ -140,7 +140,7 @@ def accuracy_blocks(col: Collection, reference: Reference | None, level: int = 2
         f"{h} {METRICS['last10']}",
         "",
         f"For each seed, the mean over its evaluations in {final_rounds_phrase(col)} (`summary.json` → "
-        "`last10`), then mean ± std over seeds.",
+        "`last10`; from `metrics.jsonl` for runs whose summary predates that entry), then mean ± std over seeds.",
         "",
         accuracy_table(col, "last10", reference),
         "",

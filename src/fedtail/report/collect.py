@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from fedtail.errors import FedtailError
+from fedtail.metrics.record import SUMMARY_KEYS, reductions
 
 _SEED_DIR = re.compile(r"seed(\d+)")
 
@@ -278,7 +279,21 @@ def load_run(d: Path, warnings: list[str]) -> Run | None:
             warnings.append(f"{d}: no config.json with a partition; grouped under setting '?'")
         run = Run(d, setting_label(config or {}), method_label(config or {}), seed, config, summary, None, problem)
     run.diverged = diverged
+    if summary is not None and "last10" not in summary:
+        _derive_last10(run)
     return run
+
+
+def _derive_last10(run: Run) -> None:
+    """Give a finished run whose ``summary.json`` predates ``last10`` that entry, computed from its
+    ``metrics.jsonl`` as the engine computes it now (marked ``"derived": "metrics.jsonl"``); without
+    evaluation rows it stays absent (its cell shows the seeds that have one)."""
+    rows = [
+        r for r in run.metrics()
+        if isinstance(r.get("round"), int) and isinstance(r.get("personalized_acc"), (int, float))
+    ]
+    if rows:
+        run.summary["last10"] = reductions(rows, rows, SUMMARY_KEYS)["last10"] | {"derived": "metrics.jsonl"}
 
 
 def _drop_duplicate_seeds(runs: list[Run], warnings: list[str]) -> None:
