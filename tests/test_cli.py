@@ -31,6 +31,8 @@ def test_run_end_to_end_writes_the_three_files(tmp_path):
     assert summary["rounds"] == 2 and summary["samples_trained"] > 0 and summary["wall_time_s"] > 0
     # the machine of this run: wall times compare only between runs of the same CPU capability
     assert summary["machine"]["cores"] >= 1 and isinstance(summary["machine"]["cpu_capability"], str)
+    # and the code that made it (a sweep may outlive several commits of the library)
+    assert summary["code"]["fedtail"] and set(summary["code"]) == {"fedtail", "commit", "modified"}
 
 
 def test_client_state_on_disk_gives_the_same_run_and_leaves_no_files(tmp_path):

@@ -432,6 +432,7 @@ def test_sweep_runs_everything_and_writes_sweep_json(swept):
     assert not list(out.rglob("*.claim"))  # claims end with their runs
     log = (out / "a05" / "fedavg" / "seed0" / "run.log").read_text()
     assert re.search(r"^round 1/1: personalized_acc 0\.\d{4}, \d+ s$", log, re.M), log
+    assert log.startswith("code: fedtail "), log  # the code of this piece of the run
     for run in load_sweep(path).runs:  # the written config equals the planned one
         assert run_status(run).state == "done"
 

@@ -14,6 +14,7 @@ from typing import Any, Callable
 from fedtail.config import RunConfig
 from fedtail.errors import RunDiverged
 from fedtail.machine import machine_info
+from fedtail.provenance import code_info
 
 OnRound = Callable[[int, "dict[str, Any] | None"], None]
 
@@ -95,8 +96,15 @@ def run_to_folder(
     except BaseException:
         sim.executor.close()
         raise
-    # The machine per run: a sweep's runs may span machines, and wall times compare only within one.
-    head = {"algorithm": config.algorithm, "dataset": config.dataset, "seed": config.seed, "machine": machine_info()}
+    # The machine per run: a sweep's runs may span machines, and wall times compare only within one;
+    # the code too: a sweep may outlive several commits of the library.
+    head = {
+        "algorithm": config.algorithm,
+        "dataset": config.dataset,
+        "seed": config.seed,
+        "machine": machine_info(),
+        "code": code_info(),
+    }
     try:
         if on_round is not None:
             on_round(sim.rounds_done, None)

@@ -25,6 +25,7 @@ from fedtail.report.analyses import (
 )
 from fedtail.report.collect import NAMED_SEP, Collection, Run
 from fedtail.machine import describe, machine_info
+from fedtail.provenance import describe_code
 from fedtail.report.plots import acmu_records, plot_accuracy_curves, plot_acmu
 from fedtail.report.tables import METRICS, Reference, accuracy_table, has_stage_metrics, incomplete_cells, stage_table
 
@@ -56,6 +57,19 @@ def header_lines(produced: list[str], report_command: str, sweeps: list[dict[str
         md.append(f"- Sweep activity: {min(stamps)} to {max(stamps)}")
     md.append(f"- Date: {date.today().isoformat()}")
     return md
+
+
+def code_line(summaries: list[dict[str, Any]]) -> str:
+    """Which code finished the runs (``summary.json``'s ``code``): each commit with its run count."""
+    counts: dict[str, int] = {}
+    for summary in summaries:
+        info = summary.get("code")
+        key = describe_code(info) if isinstance(info, dict) else "not recorded (finished before fedtail recorded it)"
+        counts[key] = counts.get(key, 0) + 1
+    if not counts:
+        return "- Code of the runs: no finished run"
+    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    return "- Code of the runs: " + "; ".join(f"{text}: {n} run{'s' * (n != 1)}" for text, n in ranked)
 
 
 SPLIT_WORDS = {

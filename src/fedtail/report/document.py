@@ -19,6 +19,7 @@ from fedtail.report.blocks import (
     accuracy_blocks,
     ccp_block,
     cells_note,
+    code_line,
     collection_figures,
     costs_block,
     eval_splits,
@@ -109,6 +110,7 @@ def _markdown(
     unfinished = [r for r in col.runs if not r.finished]
     md: list[str] = [f"# {title or 'fedtail report'}", "", GENERATED, ""]
     md += header_lines(_produced_by(col, command), report_command, col.sweeps)
+    md.append(code_line([r.summary for r in finished if r.summary]))
     md.append(f"- Run folders searched: {', '.join(f'`{p}`' for p in paths)}")
     md.append(
         f"- Runs: {len(finished)} finished, {len(unfinished)} unfinished; "

@@ -30,6 +30,7 @@ from fedtail.report.blocks import (
     accuracy_blocks,
     ccp_block,
     cells_note,
+    code_line,
     collection_figures,
     costs_block,
     eval_splits,
@@ -208,6 +209,8 @@ def _markdown(
 
     md: list[str] = [f"# {title or 'fedtail report'}", "", GENERATED, ""]
     md += header_lines(produced, report_command, records)
+    summaries = {r.dir.resolve(): r.summary for sec in sections for r in sec.col.runs if r.finished and r.summary}
+    md.append(code_line(list(summaries.values())))
     md.append(f"- Sweep files: {', '.join(f'`{sec.file}`' for sec in sections)} (one section each)")
     md.append(f"- Run folders: {', '.join(f'`{o}`' for o in outs)}")
     md.append(
