@@ -461,11 +461,7 @@ def final_rounds_cell(runs: list[Run], k: int) -> Cell:
     ``metrics.jsonl``: FedReMa's Table 3 "Final Acc" is the mean of the last 5 rounds)."""
     out = Cell()
     for run in runs:
-        rows = [
-            r for r in run.metrics()
-            if isinstance(r.get("round"), int) and isinstance(r.get("personalized_acc"), (int, float))
-            and math.isfinite(r["personalized_acc"])
-        ]
+        rows = [r for r in run.evaluations() if math.isfinite(r["personalized_acc"])]
         if not rows:
             continue
         last = max(r["round"] for r in rows)

@@ -67,6 +67,13 @@ class Run:
             self._metrics = rows
         return self._metrics
 
+    def evaluations(self) -> list[dict[str, Any]]:
+        """The rows of :meth:`metrics` with a round and a personalised accuracy (evaluated rounds)."""
+        return [
+            r for r in self.metrics()
+            if isinstance(r.get("round"), int) and isinstance(r.get("personalized_acc"), (int, float))
+        ]
+
 
 NAMED_SEP = ":"  # the method of a named accuracy NAME of method METHOD: "METHOD:NAME"
 
@@ -288,10 +295,7 @@ def _derive_last10(run: Run) -> None:
     """Give a finished run whose ``summary.json`` predates ``last10`` that entry, computed from its
     ``metrics.jsonl`` as the engine computes it now (marked ``"derived": "metrics.jsonl"``); without
     evaluation rows it stays absent (its cell shows the seeds that have one)."""
-    rows = [
-        r for r in run.metrics()
-        if isinstance(r.get("round"), int) and isinstance(r.get("personalized_acc"), (int, float))
-    ]
+    rows = run.evaluations()
     if rows:
         run.summary["last10"] = reductions(rows, rows, SUMMARY_KEYS)["last10"] | {"derived": "metrics.jsonl"}
 
