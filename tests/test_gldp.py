@@ -295,7 +295,7 @@ def test_lpr_stays_bounded_and_scale_free_with_large_features():
 
 
 def test_the_loss_is_lambda_lpr_plus_one_minus_lambda_glpr():
-    # sthfl-gldp.txt Sec. 5.4: "When λ = 0 ... only uses the global-local relationship loss";
+    # the STHFL (GLDP) paper, Sec. 5.4: "When λ = 0 ... only uses the global-local relationship loss";
     # "When λ = 1 ... only local prototype learning in the pre-stage and post-stage".
     g = torch.Generator().manual_seed(1)
     model, old = build_model("mlp", (16,), 5), build_model("mlp", (16,), 5)

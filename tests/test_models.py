@@ -117,7 +117,7 @@ def num_parameters(model: nn.Module) -> int:
     [
         ("convnet", (3, 32, 32), 10, 62_006),
         ("convnet", (1, 28, 28), 10, 44_426),
-        # FedAC's model size: "over 4,700,000" dimensions (fedac.txt, Sec. 4.3), on CIFAR
+        # FedAC's model size: "over 4,700,000" dimensions (the FedAC paper, Sec. 4.3), on CIFAR
         ("convnet-wide", (3, 32, 32), 10, 4_790_538),
         ("convnet-wide", (3, 32, 32), 100, 4_859_748),
         ("convnet-wide", (1, 28, 28), 10, 3_460_234),

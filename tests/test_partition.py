@@ -303,7 +303,7 @@ def test_distinct_rows_removes_repeats_where_the_counts_allow() -> None:
     assert all(len(set(row[row != 0].tolist())) == len(row[row != 0]) for row in out)
 
 
-PAPER_STAGE_SETTINGS = [  # sthfl-gldp.txt Tables 1-3: [N, S, M] on CIFAR-10 and CIFAR-100
+PAPER_STAGE_SETTINGS = [  # the STHFL (GLDP) paper, Tables 1-3: [N, S, M] on CIFAR-10 and CIFAR-100
     (10, 100, 4, 1), (10, 100, 5, 1), (10, 20, 4, 5), (10, 20, 5, 5),
     (100, 100, 20, 1), (100, 100, 30, 1), (100, 20, 20, 5), (100, 20, 30, 5),
 ]

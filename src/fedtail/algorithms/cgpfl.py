@@ -1,6 +1,6 @@
 """CGPFL: Personalized Federated Learning with Contextualized Generalization.
 
-Tang, Guo and Guo, IJCAI 2022 (a baseline of FedAC, fedac.txt Sec. 2.2 and 5.2). CGPFL is pFedMe's
+Tang, Guo and Guo, IJCAI 2022 (a baseline of FedAC: the FedAC paper, Sec. 2.2 and 5.2). CGPFL is pFedMe's
 bi-level (Moreau-envelope) scheme with K "contextualized generalized" models ω_1..ω_K on the server
 instead of one global model. Client i keeps a personalised model θ_i and is associated with one
 generalized model ω_{k(i)}:

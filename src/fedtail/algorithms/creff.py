@@ -15,7 +15,7 @@ classifier for evaluation. Round t:
    :class:`~fedtail.algorithms.federated_features.FederatedFeatures`);
 5. θ^t = a freshly initialised linear classifier trained on the features (Eq. 21).
 
-Equation numbers are those of MuPFL's restatement of CReFF (PKCF, mupfl.txt), the text at hand.
+Equation numbers are those of MuPFL's restatement of CReFF (PKCF, the MuPFL paper), the text at hand.
 
 Evaluation (each client's local test data and the global test split) uses w^t's body with θ^t;
 training always continues from the plain FedAvg model w^t.

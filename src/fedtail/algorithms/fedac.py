@@ -1,7 +1,7 @@
 """FedAC: adaptive clustered FL with global knowledge in the clusters.
 
 Zhang, Chen, Lin, Chen and Zhao, "FedAC: An Adaptive Clustered Federated Learning Framework
-for Heterogeneous Data", arXiv:2403.16460, 2024 (fedac.txt, Alg. 1–3, Eq. 3–5). Each client i
+for Heterogeneous Data", arXiv:2403.16460, 2024 (the FedAC paper, Alg. 1–3, Eq. 3–5). Each client i
 keeps a personal model ω_i = (φ_i, h_i) (embedding = body, decision = head). The server keeps
 cluster centres Ω_k (whole models), a global embedding Φ and the assignment R.
 

@@ -2,7 +2,7 @@
 
 The mechanism of CReFF (Shang et al., "Federated Learning on Heterogeneous and Long-Tailed Data
 via Classifier Re-Training with Federated Features", IJCAI 2022), reused by MuPFL's PKCF
-(mupfl.txt, Eq. 16-21, whose numbering is cited below; the CReFF paper has the same steps).
+(the MuPFL paper, Eq. 16-21, whose numbering is cited below; the CReFF paper has the same steps).
 Helper module, not an algorithm:
 
 1. each client k computes, for every class c it holds, the gradient of the cross-entropy w.r.t.

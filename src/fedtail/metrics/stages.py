@@ -2,7 +2,7 @@
 
 After round r every client is evaluated on the local test data of the stage tasks trained so far
 (its "seen" stages: 0..m with blocks; all M after the first round of global optimisation with
-nested stages). The GLDP paper (sthfl-gldp.txt, Sec. 5.1, "Evaluation Metrics") defines
+nested stages). The GLDP paper (STHFL, Sec. 5.1, "Evaluation Metrics") defines
 
     "1) A_global measure is the global model to perform verification tests on all client data
     samples. 2) A_local measure is the local personalization model to perform validation tests

@@ -1,4 +1,4 @@
-"""FedReMa's simplified AlexNet for CIFAR-10 (fedrema.txt, "Model Settings").
+"""FedReMa's simplified AlexNet for CIFAR-10 (the FedReMa paper, "Model Settings").
 
 Smaller (3x3) kernels, no Dropout and no Local Response Normalisation; the fully connected layers
 are the classifier. Weights use PyTorch's default initialisation.

@@ -13,7 +13,7 @@ from fedtail.models.base import SplitModel, check_image_shape, check_num_classes
 
 
 def cnn_fmnist(input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
-    """MuPFL's FashionMNIST CNN: two 5x5 conv layers and a single linear layer (mupfl.txt, Sec. 5.1).
+    """MuPFL's FashionMNIST CNN: two 5x5 conv layers and a single linear layer (the MuPFL paper, Sec. 5.1).
 
     Body: conv5x5(32, pad 2) -> ReLU -> maxpool2 -> conv5x5(64, pad 2) -> ReLU -> maxpool2 -> flatten
     (64*7*7 = 3136 features on 28x28, 4096 on 32x32). Head: Linear(features, C).
@@ -28,7 +28,7 @@ def cnn_fmnist(input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
 
 
 def cnn2fc(input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
-    """FedReMa's MNIST/FMNIST CNN: 2 conv + 2 FC layers, the FC layers are the classifier (fedrema.txt).
+    """FedReMa's MNIST/FMNIST CNN: 2 conv + 2 FC layers, the FC layers are the classifier (the FedReMa paper).
 
     Follows FedReMa's released code (PFLlib ``FedAvgCNN``): unpadded 5x5 convs, so the body is
     conv5x5(32) -> ReLU -> maxpool2 -> conv5x5(64) -> ReLU -> maxpool2 -> flatten
@@ -47,7 +47,7 @@ def cnn2fc(input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
 
 
 def convnet(input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
-    """FedAC's convnet: 2 conv + 3 FC layers, the last FC is the decision head (fedac.txt, Sec. 5).
+    """FedAC's convnet: 2 conv + 3 FC layers, the last FC is the decision head (the FedAC paper, Sec. 5).
 
     The classic LeNet-5 layout. Body (FedAC's "embedding"): conv5x5(6) -> ReLU -> maxpool2 ->
     conv5x5(16) -> ReLU -> maxpool2 -> flatten -> Linear(120) -> ReLU -> Linear(84) -> ReLU
@@ -58,7 +58,7 @@ def convnet(input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
 
 
 def convnet_wide(input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
-    """``convnet`` with the widths of a model of FedAC's size (fedac.txt, Sec. 4.3: "over 4,700,000" dimensions).
+    """``convnet`` with the widths of a model of FedAC's size (the FedAC paper, Sec. 4.3: "over 4,700,000" dimensions).
 
     The paper states only the layer counts (2 conv + 3 FC) and the model's size. Same layout as
     :func:`convnet`, widths 64, 128, 1152, 768 (multiples of 64, FC widths in about LeNet's

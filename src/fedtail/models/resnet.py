@@ -70,7 +70,7 @@ def _resnet(name: str, input_shape: tuple[int, ...], num_classes: int, blocks: l
 
 
 def resnet8(input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
-    """ResNet-8 of CReFF (scaling 4 of 16/32/64), used by MuPFL on CIFAR (mupfl.txt, Sec. 5.1).
+    """ResNet-8 of CReFF (scaling 4 of 16/32/64), used by MuPFL on CIFAR (the MuPFL paper, Sec. 5.1).
 
     Body: conv3x3(64)-BN-ReLU, BasicBlocks [1, 1, 1] with widths 64/128/256 (strides 1/2/2),
     global average pool, flatten (feature 256). Head: Linear(256, C).

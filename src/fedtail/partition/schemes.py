@@ -281,7 +281,7 @@ def stages(labels: np.ndarray, kept: np.ndarray, num_classes: int, cfg: Partitio
            rng: np.random.Generator) -> StageLists:
     """GLDP's [N, S, M]: N clients, each with M sequential stage tasks of S classes.
 
-    Reading of sthfl-gldp.txt. The setting ("[N, S, M] denotes that the number of clients is N
+    Reading of the STHFL (GLDP) paper. The setting ("[N, S, M] denotes that the number of clients is N
     and each client contains S classes, and M represents the stage tasks of each client", Sec.
     5.2) has N·M client stage tasks ("slots") of S classes each; the paper's own settings hold
     more class slots than classes ([20, 4, 5] and [20, 5, 5] on CIFAR-10: 400 and 500 slots of

@@ -1,7 +1,7 @@
 """MuPFL: Multi-level personalised FL for non-IID, long-tailed data.
 
 Zhang et al., "Multi-level Personalized Federated Learning on Heterogeneous and Long-Tailed
-Data", IEEE TMC 2024 (mupfl.txt, Sec. 3.3–3.5, Algorithm 1). One round t, sampled clients S_t:
+Data", IEEE TMC 2024 (the MuPFL paper, Sec. 3.3–3.5, Algorithm 1). One round t, sampled clients S_t:
 
 1. Local training with BAVD (Eq. 6, :mod:`.bavd`) for E epochs from the client's starting
    model w_i^(t−1) (see *reading*): w_i^t and Δw_i = w_i^t − w_i^(t−1) (Eq. 7). The client
