@@ -85,7 +85,50 @@ def test_sensitivity_curves_are_found_from_the_configs(tmp_path):
     assert "| fedprox: mu | 0.01 | mu0.01 | 84.00 (1 seed) |" in part
     assert "| fedprox: mu | 0.1 | mu0.1 | 78.00 (1 seed) |" in part
     assert "mu1-other" not in part
+    # the last-10 means (from metrics.jsonl: rounds 1 and 2) decide: 0.01 (67.00, above the default's 66.50) is inside
+    assert "- fedprox: mu, s: best mu = 0.01 (67.00 %, mean of the last 10 rounds), inside the grid." in part
     assert (tmp_path / "R-sensitivity.png").stat().st_size > 5000
+
+
+def _set_last10(folder: Path, value: float) -> None:
+    summary = json.loads((folder / "summary.json").read_text())
+    summary["last10"] = {"rounds": [1, 2], "evaluations": 2, "personalized_acc": value}
+    (folder / "summary.json").write_text(json.dumps(summary))
+
+
+def test_the_best_value_of_a_curve_and_whether_it_sits_at_the_grids_edge(tmp_path):
+    from fedtail.report.analyses import grid_verdicts
+
+    root = tmp_path / "runs"
+    # finals favour mu 0.1, the last-10 means (the validation rule's metric) mu 1, the upper edge
+    finals = {0.01: 0.80, 0.1: 0.86, 1.0: 0.84}
+    last10 = {0.01: 0.79, 0.1: 0.82, 1.0: 0.83}
+    for mu, acc in finals.items():
+        for seed in (0, 1):
+            folder = root / "s" / f"mu{mu:g}" / f"seed{seed}"
+            curve_run(folder, [0.5, acc], seed=seed, options={"mu": mu})
+            _set_last10(folder, last10[mu] + (0.01 if seed else -0.01))
+    col = collect([root])
+    lines = grid_verdicts(col, sensitivity_groups(col))
+    assert lines == ["- fedprox: mu, s: best mu = 1 (83.00 %, mean of the last 10 rounds), "
+                     "at the grid's upper edge: extend the grid above it."]  # fmt: skip
+    # one run without a last-10 entry nor the metrics to derive it: every point falls back to the
+    # final round (mu 0.1, inside)
+    summary = json.loads((root / "s" / "mu0.01" / "seed1" / "summary.json").read_text())
+    del summary["last10"]
+    (root / "s" / "mu0.01" / "seed1" / "summary.json").write_text(json.dumps(summary))
+    (root / "s" / "mu0.01" / "seed1" / "metrics.jsonl").unlink()
+    col = collect([root])
+    assert grid_verdicts(col, sensitivity_groups(col)) == [
+        "- fedprox: mu, s: best mu = 0.1 (86.00 %, final round), inside the grid."
+    ]
+    # the lowest value best: the lower edge
+    for seed in (0, 1):
+        _set_last10(root / "s" / "mu0.01" / f"seed{seed}", 0.95)
+    col = collect([root])
+    assert grid_verdicts(col, sensitivity_groups(col))[0].endswith(
+        "best mu = 0.01 (95.00 %, mean of the last 10 rounds), at the grid's lower edge: extend the grid below it."
+    )
 
 
 def test_no_sensitivity_curve_from_two_points(tmp_path):

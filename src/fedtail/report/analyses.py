@@ -7,7 +7,8 @@
 * :func:`sensitivity_groups` / :func:`plot_sensitivity`: a hyperparameter's sensitivity curve
   (FedAC's Figure 4, MuPFL's Table V, FedReMa's Table 3), found without being told: methods of one
   algorithm whose runs are configured identically except for one numeric option form a curve of
-  final accuracy against that option's value.
+  final accuracy against that option's value. :func:`grid_verdicts` names each curve's best value
+  and whether it lies inside the grid or at an edge (a grid to extend before the value is used).
 * :func:`cluster_counts` / :func:`plot_cluster_counts`: the number of clusters per round of the
   clustered methods (FedAC's CNT, MuPFL's κ), from the ``clustering`` / ``acmu`` entries of the
   ``rounds_log`` in ``metrics.jsonl``, which are logged every round.
@@ -148,6 +149,35 @@ def sensitivity_groups(col: Collection) -> list[Sensitivity]:
     out = [g for g in groups.values() if len(g.points) >= 3]
     order = {m: i for i, m in enumerate(col.methods)}
     return sorted(out, key=lambda g: min(order[m] for m in g.points))
+
+
+def grid_verdicts(col: Collection, groups: list[Sensitivity]) -> list[str]:
+    """Per curve and setting: the option's value with the highest accuracy and where it lies in
+    the grid (inside, or at an edge: a grid to extend before the value is used). The accuracy is
+    the mean over seeds of each run's last-10 mean (``summary.json`` → ``last10``, the validation
+    rule's metric) where every run of the curve has one, else of its final round."""
+    lines = []
+    for g in groups:
+        for s in col.settings:
+            runs = {m: col.finished(s, m) for m in g.points}
+            runs = {m: r for m, r in runs.items() if r}
+            which = "last10" if all(cell(r, "last10").n == len(r) for r in runs.values()) else "final"
+            means = {m: c.mean for m, r in runs.items() if (c := cell(r, which)).n}
+            values = sorted({g.points[m] for m in means})
+            if len(values) < 3:
+                continue
+            top = max(means.values())
+            best = sorted({g.points[m] for m, v in means.items() if v == top})
+            if best[0] == values[0]:
+                where = "at the grid's lower edge: extend the grid below it"
+            elif best[-1] == values[-1]:
+                where = "at the grid's upper edge: extend the grid above it"
+            else:
+                where = "inside the grid"
+            metric = "mean of the last 10 rounds" if which == "last10" else "final round"
+            shown = " = ".join(f"{x:g}" for x in best)
+            lines.append(f"- {g.title}, {s}: best {g.option} = {shown} ({100 * top:.2f} %, {metric}), {where}.")
+    return lines
 
 
 def _scale(ax: Any, values: list[float]) -> None:

@@ -18,6 +18,7 @@ from fedtail.report.analyses import (
     ccp_table,
     check_levels,
     delta_table,
+    grid_verdicts,
     plot_cluster_counts,
     plot_sensitivity,
     rounds_to_table,
@@ -343,7 +344,7 @@ def sensitivity_block(col: Collection, groups: list[Sensitivity], level: int = 2
         "",
         sensitivity_table(col, groups),
         "",
-    ]
+    ] + (["Best value of each curve:", "", *verdicts, ""] if (verdicts := grid_verdicts(col, groups)) else [])
 
 
 def sensitivity_figure(col: Collection, groups: list[Sensitivity], png: Path) -> Figure | None:
