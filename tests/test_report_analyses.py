@@ -111,7 +111,7 @@ def test_the_best_value_of_a_curve_and_whether_it_sits_at_the_grids_edge(tmp_pat
     col = collect([root])
     lines = grid_verdicts(col, sensitivity_groups(col))
     assert lines == ["- fedprox: mu, s: best mu = 1 (83.00 %, mean of the last 10 rounds), "
-                     "at the grid's upper edge: extend the grid above it."]  # fmt: skip
+                     "at the grid's upper edge: extend the grid above it, if the option allows."]  # fmt: skip
     # one run without a last-10 entry nor the metrics to derive it: every point falls back to the
     # final round (mu 0.1, inside)
     summary = json.loads((root / "s" / "mu0.01" / "seed1" / "summary.json").read_text())
@@ -128,6 +128,15 @@ def test_the_best_value_of_a_curve_and_whether_it_sits_at_the_grids_edge(tmp_pat
     col = collect([root])
     assert grid_verdicts(col, sensitivity_groups(col))[0].endswith(
         "best mu = 0.01 (95.00 %, mean of the last 10 rounds), at the grid's lower edge: extend the grid below it."
+    )
+    # at the bound FedProx declares for mu (ge=0) the grid cannot extend
+    for seed in (0, 1):
+        folder = root / "s" / "mu0" / f"seed{seed}"
+        curve_run(folder, [0.5, 0.9], seed=seed, options={"mu": 0.0})
+        _set_last10(folder, 0.97)
+    col = collect([root])
+    assert grid_verdicts(col, sensitivity_groups(col))[0].endswith(
+        "best mu = 0 (97.00 %, mean of the last 10 rounds), at the option's lower bound (0): the grid cannot extend."
     )
 
 

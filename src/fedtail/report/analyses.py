@@ -151,6 +151,22 @@ def sensitivity_groups(col: Collection) -> list[Sensitivity]:
     return sorted(out, key=lambda g: min(order[m] for m in g.points))
 
 
+def _option_bounds(algorithm_name: str, option: str) -> tuple[float | None, float | None]:
+    """The inclusive bounds the algorithm's config declares for ``option`` (``Field(ge=..., le=...)``);
+    None where it declares none or the algorithm cannot be loaded."""
+    try:
+        from fedtail.components import algorithm
+
+        field_info = algorithm(algorithm_name).config.model_fields[option]
+    except Exception:
+        return None, None
+    low = high = None
+    for m in field_info.metadata:
+        low = _number(getattr(m, "ge", None)) if low is None else low
+        high = _number(getattr(m, "le", None)) if high is None else high
+    return low, high
+
+
 def grid_verdicts(col: Collection, groups: list[Sensitivity]) -> list[str]:
     """Per curve and setting: the option's value with the highest accuracy and where it lies in
     the grid (inside, or at an edge: a grid to extend before the value is used). The accuracy is
@@ -168,10 +184,13 @@ def grid_verdicts(col: Collection, groups: list[Sensitivity]) -> list[str]:
                 continue
             top = max(means.values())
             best = sorted({g.points[m] for m, v in means.items() if v == top})
+            low, high = _option_bounds(g.algorithm, g.option)
             if best[0] == values[0]:
-                where = "at the grid's lower edge: extend the grid below it"
+                where = (f"at the option's lower bound ({low:g}): the grid cannot extend" if low == values[0]
+                         else "at the grid's lower edge: extend the grid below it")  # fmt: skip
             elif best[-1] == values[-1]:
-                where = "at the grid's upper edge: extend the grid above it"
+                where = (f"at the option's upper bound ({high:g}): the grid cannot extend" if high == values[-1]
+                         else "at the grid's upper edge: extend the grid above it, if the option allows")  # fmt: skip
             else:
                 where = "inside the grid"
             metric = "mean of the last 10 rounds" if which == "last10" else "final round"
