@@ -85,8 +85,9 @@ def test_sensitivity_curves_are_found_from_the_configs(tmp_path):
     assert "| fedprox: mu | 0.01 | mu0.01 | 84.00 (1 seed) |" in part
     assert "| fedprox: mu | 0.1 | mu0.1 | 78.00 (1 seed) |" in part
     assert "mu1-other" not in part
-    # the last-10 means (from metrics.jsonl: rounds 1 and 2) decide: 0.01 (67.00, above the default's 66.50) is inside
-    assert "- fedprox: mu, s: best mu = 0.01 (67.00 %, mean of the last 10 rounds), inside the grid." in part
+    # by the last-10 means (from metrics.jsonl: rounds 1 and 2) and the final round alike, 0.01
+    # (67.00 and 84.00, above the default's 66.50 and 83.00) is best, inside the grid
+    assert "- fedprox: mu, s: best mu = 0.01 (last-10 mean 67.00 %; next 0.001, 2.00 points lower; final round 84.00 %; next 0.001, 4.00 points lower), inside the grid." in part
     assert (tmp_path / "R-sensitivity.png").stat().st_size > 5000
 
 
@@ -110,8 +111,9 @@ def test_the_best_value_of_a_curve_and_whether_it_sits_at_the_grids_edge(tmp_pat
             _set_last10(folder, last10[mu] + (0.01 if seed else -0.01))
     col = collect([root])
     lines = grid_verdicts(col, sensitivity_groups(col))
-    assert lines == ["- fedprox: mu, s: best mu = 1 (83.00 %, mean of the last 10 rounds), "
-                     "at the grid's upper edge: extend the grid above it, if the option allows."]  # fmt: skip
+    assert lines == ["- fedprox: mu, s: by the last-10 mean, best mu = 1 (83.00 %; next 0.1, 1.00 points lower), at the grid's "
+                     "upper edge: extend the grid above it, if the option allows; by the final round, best mu = 0.1 (86.00 %; "
+                     "next 1, 2.00 points lower), inside the grid."]  # fmt: skip
     # one run without a last-10 entry nor the metrics to derive it: every point falls back to the
     # final round (mu 0.1, inside)
     summary = json.loads((root / "s" / "mu0.01" / "seed1" / "summary.json").read_text())
@@ -120,24 +122,26 @@ def test_the_best_value_of_a_curve_and_whether_it_sits_at_the_grids_edge(tmp_pat
     (root / "s" / "mu0.01" / "seed1" / "metrics.jsonl").unlink()
     col = collect([root])
     assert grid_verdicts(col, sensitivity_groups(col)) == [
-        "- fedprox: mu, s: best mu = 0.1 (86.00 %, final round), inside the grid."
+        "- fedprox: mu, s: by the final round, best mu = 0.1 (86.00 %; next 1, 2.00 points lower), inside the grid."
     ]
     # the lowest value best: the lower edge
     for seed in (0, 1):
         _set_last10(root / "s" / "mu0.01" / f"seed{seed}", 0.95)
     col = collect([root])
-    assert grid_verdicts(col, sensitivity_groups(col))[0].endswith(
-        "best mu = 0.01 (95.00 %, mean of the last 10 rounds), at the grid's lower edge: extend the grid below it."
-    )
+    assert grid_verdicts(col, sensitivity_groups(col)) == [
+        "- fedprox: mu, s: by the last-10 mean, best mu = 0.01 (95.00 %; next 1, 12.00 points lower), at the grid's lower "
+        "edge: extend the grid below it; by the final round, best mu = 0.1 (86.00 %; next 1, 2.00 points lower), inside the grid."
+    ]
     # at the bound FedProx declares for mu (ge=0) the grid cannot extend
     for seed in (0, 1):
         folder = root / "s" / "mu0" / f"seed{seed}"
         curve_run(folder, [0.5, 0.9], seed=seed, options={"mu": 0.0})
         _set_last10(folder, 0.97)
     col = collect([root])
-    assert grid_verdicts(col, sensitivity_groups(col))[0].endswith(
-        "best mu = 0 (97.00 %, mean of the last 10 rounds), at the option's lower bound (0): the grid cannot extend."
-    )
+    assert grid_verdicts(col, sensitivity_groups(col)) == [
+        "- fedprox: mu, s: best mu = 0 (last-10 mean 97.00 %; next 0.01, 2.00 points lower; final round 90.00 %; "
+        "next 0.1, 4.00 points lower), at the option's lower bound (0): the grid cannot extend."
+    ]
 
 
 def test_no_sensitivity_curve_from_two_points(tmp_path):

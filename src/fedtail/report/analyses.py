@@ -169,33 +169,47 @@ def _option_bounds(algorithm_name: str, option: str) -> tuple[float | None, floa
 
 def grid_verdicts(col: Collection, groups: list[Sensitivity]) -> list[str]:
     """Per curve and setting: the option's value with the highest accuracy and where it lies in
-    the grid (inside, or at an edge: a grid to extend before the value is used). The accuracy is
-    the mean over seeds of each run's last-10 mean (``summary.json`` → ``last10``, the validation
-    rule's metric) where every run of the curve has one, else of its final round."""
+    the grid (inside, or at an edge: a grid to extend before the value is used), by the mean over
+    seeds of the last-10 mean (``summary.json`` → ``last10``) and of the final round, the two
+    metrics validation rules use; a metric some run lacks is left out."""
     lines = []
     for g in groups:
+        low, high = _option_bounds(g.algorithm, g.option)
         for s in col.settings:
-            runs = {m: col.finished(s, m) for m in g.points}
-            runs = {m: r for m, r in runs.items() if r}
-            which = "last10" if all(cell(r, "last10").n == len(r) for r in runs.values()) else "final"
-            means = {m: c.mean for m, r in runs.items() if (c := cell(r, which)).n}
-            values = sorted({g.points[m] for m in means})
-            if len(values) < 3:
-                continue
-            top = max(means.values())
-            best = sorted({g.points[m] for m, v in means.items() if v == top})
-            low, high = _option_bounds(g.algorithm, g.option)
-            if best[0] == values[0]:
-                where = (f"at the option's lower bound ({low:g}): the grid cannot extend" if low == values[0]
-                         else "at the grid's lower edge: extend the grid below it")  # fmt: skip
-            elif best[-1] == values[-1]:
-                where = (f"at the option's upper bound ({high:g}): the grid cannot extend" if high == values[-1]
-                         else "at the grid's upper edge: extend the grid above it, if the option allows")  # fmt: skip
-            else:
-                where = "inside the grid"
-            metric = "mean of the last 10 rounds" if which == "last10" else "final round"
-            shown = " = ".join(f"{x:g}" for x in best)
-            lines.append(f"- {g.title}, {s}: best {g.option} = {shown} ({100 * top:.2f} %, {metric}), {where}.")
+            runs = {m: r for m in g.points if (r := col.finished(s, m))}
+            found = {}  # metric -> (best values, top accuracy, where)
+            for which in ("last10", "final"):
+                cells = {m: cell(r, which) for m, r in runs.items()}
+                if any(c.n != len(runs[m]) for m, c in cells.items()):
+                    continue
+                values = sorted({g.points[m] for m in cells})
+                if len(values) < 3:
+                    continue
+                top = max(c.mean for c in cells.values())
+                best = sorted({g.points[m] for m, c in cells.items() if c.mean == top})
+                # the runner-up and its gap, so that a tie-margin rule can be read off
+                rest = {g.points[m]: c.mean for m, c in cells.items() if g.points[m] not in best}
+                runner = max(rest, key=lambda x: rest[x]) if rest else None
+                gap = "" if runner is None else f"; next {runner:g}, {100 * (top - rest[runner]):.2f} points lower"
+                if best[0] == values[0]:
+                    where = (f"at the option's lower bound ({low:g}): the grid cannot extend" if low == values[0]
+                             else "at the grid's lower edge: extend the grid below it")  # fmt: skip
+                elif best[-1] == values[-1]:
+                    where = (f"at the option's upper bound ({high:g}): the grid cannot extend" if high == values[-1]
+                             else "at the grid's upper edge: extend the grid above it, if the option allows")  # fmt: skip
+                else:
+                    where = "inside the grid"
+                found[which] = (" = ".join(f"{x:g}" for x in best), top, where, gap)
+            name = {"last10": "last-10 mean", "final": "final round"}
+            head = f"- {g.title}, {s}: "
+            if len(found) == 2 and found["last10"][0] == found["final"][0]:
+                shown, _, where, gap = found["last10"]
+                lines.append(f"{head}best {g.option} = {shown} (last-10 mean {100 * found['last10'][1]:.2f} %{gap}; "
+                             f"final round {100 * found['final'][1]:.2f} %{found['final'][3]}), {where}.")  # fmt: skip
+            elif found:
+                parts = [f"by the {name[w]}, best {g.option} = {b} ({100 * t:.2f} %{gap}), {where}"
+                         for w, (b, t, where, gap) in found.items()]  # fmt: skip
+                lines.append(head + "; ".join(parts) + ".")
     return lines
 
 
