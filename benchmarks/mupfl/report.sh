@@ -17,9 +17,9 @@ cd "$(dirname "$0")/../.."
   --out benchmarks/mupfl/VALIDATION.md \
   --title "MuPFL on Fashion-MNIST: validation runs for the open hyperparameters" \
   --command "bash benchmarks/mupfl/run_all.sh"
-# Validation sweep 2 (issue 16): both stages in one document.
+# Validation sweep 2: both stages in one document.
 .venv/bin/fedtail report \
   --sweep benchmarks/mupfl/validation2_fmnist.toml \
   --sweep benchmarks/mupfl/validation2_mupfl_fmnist.toml \
   --out benchmarks/mupfl/VALIDATION2.md \
-  --title "MuPFL on Fashion-MNIST: validation sweep 2 (issue 16)"
+  --title "MuPFL on Fashion-MNIST: validation sweep 2 (readings, PKCF order, BAVD variants, baselines' options)"
