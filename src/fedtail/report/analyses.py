@@ -167,6 +167,9 @@ def _option_bounds(algorithm_name: str, option: str) -> tuple[float | None, floa
     return low, high
 
 
+_METRIC_NAMES = {"last10": "last-10 mean", "final": "final round"}
+
+
 def grid_verdicts(col: Collection, groups: list[Sensitivity]) -> list[str]:
     """Per curve and setting: the option's value with the highest accuracy and where it lies in
     the grid (inside, or at an edge: a grid to extend before the value is used), by the mean over
@@ -177,7 +180,7 @@ def grid_verdicts(col: Collection, groups: list[Sensitivity]) -> list[str]:
         low, high = _option_bounds(g.algorithm, g.option)
         for s in col.settings:
             runs = {m: r for m in g.points if (r := col.finished(s, m))}
-            found = {}  # metric -> (best values, top accuracy, where)
+            found = {}  # metric -> (best values, top accuracy, where, runner-up gap)
             for which in ("last10", "final"):
                 cells = {m: cell(r, which) for m, r in runs.items()}
                 if any(c.n != len(runs[m]) for m, c in cells.items()):
@@ -200,14 +203,13 @@ def grid_verdicts(col: Collection, groups: list[Sensitivity]) -> list[str]:
                 else:
                     where = "inside the grid"
                 found[which] = (" = ".join(f"{x:g}" for x in best), top, where, gap)
-            name = {"last10": "last-10 mean", "final": "final round"}
             head = f"- {g.title}, {s}: "
             if len(found) == 2 and found["last10"][0] == found["final"][0]:
                 shown, _, where, gap = found["last10"]
                 lines.append(f"{head}best {g.option} = {shown} (last-10 mean {100 * found['last10'][1]:.2f} %{gap}; "
                              f"final round {100 * found['final'][1]:.2f} %{found['final'][3]}), {where}.")  # fmt: skip
             elif found:
-                parts = [f"by the {name[w]}, best {g.option} = {b} ({100 * t:.2f} %{gap}), {where}"
+                parts = [f"by the {_METRIC_NAMES[w]}, best {g.option} = {b} ({100 * t:.2f} %{gap}), {where}"
                          for w, (b, t, where, gap) in found.items()]  # fmt: skip
                 lines.append(head + "; ".join(parts) + ".")
     return lines
