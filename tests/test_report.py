@@ -520,10 +520,14 @@ def test_sweep_sections_with_reference(two_sweeps, tmp_path):
 
 def test_sweep_title_is_the_first_leading_comment(tmp_path):
     f = tmp_path / "t.toml"
-    f.write_text("\n#\n#   Table X: things  \n# more\nout = 'x'\n")
-    assert sweep_title(f) == "Table X: things"
+    f.write_text("\n#\n#   Table X: things  \n#\n# more\nout = 'x'\n")
+    assert sweep_title(f) == "Table X: things"  # the first paragraph only
     f.write_text("# Table Y at alpha 0.5, e.g. with IF 10. The rest wraps onto\n# the next line.\n")
     assert sweep_title(f) == "Table Y at alpha 0.5, e.g. with IF 10."
+    f.write_text("# Table Z, wrapped (not\n#   mid-sentence): cut. Then more.\nout = 'x'\n")
+    assert sweep_title(f) == "Table Z, wrapped (not mid-sentence): cut."
+    f.write_text("# Table V at IF 10. (The caption says IF 100.)\n")
+    assert sweep_title(f) == "Table V at IF 10."
     f.write_text("out = 'x'  # not a title\n# nor this\n")
     assert sweep_title(f) == "t.toml"
 

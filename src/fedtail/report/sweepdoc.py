@@ -64,21 +64,29 @@ class Section:
 
 
 def sweep_title(path: Path) -> str:
-    """The first sentence of the first line of the file's leading comment block, else the file name.
+    """The first sentence of the file's leading comment block, else the file name.
 
-    Only the first sentence: a long comment wraps, and its first line would end mid-sentence.
+    A long comment wraps, so the sentence is read across the lines of the block's first paragraph
+    (up to an empty ``#`` line, a blank line or the first key).
     """
+    words: list[str] = []
     for line in path.read_text().splitlines():
         text = line.strip()
-        if not text:
-            continue
         if not text.startswith("#"):
-            break  # a comment after the first key describes that key, not the sweep
-        title = text.lstrip("#").strip()
-        if title:
-            # a sentence ends at ". " before a capital letter (so "e.g. x" or "0.5, 1" do not end one)
-            return re.split(r"(?<=\.)\s+(?=[A-Z])", title, maxsplit=1)[0]
-    return path.name
+            if words or text:
+                break  # a comment after the first key describes that key, not the sweep
+            continue
+        text = text.lstrip("#").strip()
+        if not text:
+            if words:
+                break  # the first paragraph ends
+            continue
+        words.append(text)
+    if not words:
+        return path.name
+    # a sentence ends at ". " before a capital letter, perhaps behind "(" (so "e.g. x" or "0.5, 1"
+    # do not end one)
+    return re.split(r"(?<=\.)\s+(?=\(?[A-Z])", " ".join(words), maxsplit=1)[0]
 
 
 def load_section(path: Path, cache: dict[Path, Run | None], warnings: list[str]) -> Section:
