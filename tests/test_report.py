@@ -373,7 +373,8 @@ SWEEP_BASE = sweep_base(4, train=False)
 # s-x/fedavg/seed0 is planned by both. Names are not in alphabetical order, so that the tables
 # must follow the files.
 SWEEP_A = """# Table A: baselines
-# (a second comment line, not the heading)
+#
+# (a second paragraph, not the heading)
 out = "{out}"
 seeds = [0, 1]
 {base}
