@@ -30,7 +30,7 @@ from fedtail.sweep import (
     run_status,
 )
 from fedtail.cli.sweep_cmd import parse_duration
-from fedtail.sweep.estimate import describe, estimate, learned
+from fedtail.sweep.estimate import borrow, describe, estimate, learned
 from fedtail.sweep.status import folder_lock
 from helpers import invoke, sweep_base
 
@@ -626,6 +626,66 @@ def test_dry_run_shows_minutes_and_the_time_left(tmp_path):
     everything = sweep_file(tmp_path, "[methods.fedavg]\n", name="one.toml")
     finished_in(load_sweep(everything).runs[0], 1)
     assert "nothing left to run" in invoke("sweep", everything, "--dry-run").output
+
+
+def test_times_from_other_folders_are_the_last_resort_per_round_and_calibrated(tmp_path):
+    # Another sweep's finished runs: fedavg at 0.5 min a round (one at 10 rounds, 5 min), local at 2.
+    other = tmp_path / "validation"
+    timed = [("a", "fedavg", 5.0, 10), ("b", "local", 40.0, 20), ("c", "fedavg", 99.0, 10)]
+    for name, algorithm, minutes, rounds in timed:
+        (other / name).mkdir(parents=True)
+        status = "diverged" if name == "c" else "finished"  # a diverged run stopped early: no time to go by
+        summary = {"algorithm": algorithm, "rounds": rounds, "wall_time_s": 60 * minutes, "status": status}
+        (other / name / "summary.json").write_text(json.dumps(summary))
+    path = sweep_file(tmp_path, "[methods.fedavg]\n[methods.local]\n[methods.fedprox]\n", seeds="[0, 1]")
+    path.write_text(path.read_text().replace("rounds = 1", "rounds = 4"))
+    sweep = load_sweep(path)
+    run = {r.label: r for r in sweep.runs}
+    statuses = [run_status(r, set()) for r in sweep.runs]
+
+    times = learned(statuses)
+    assert borrow(times, [other]) == 2
+    est = estimate(statuses, times=times)
+    m = {label: est.minutes[r.dir] for label, r in run.items()}
+    assert m["default/fedavg/seed0"] == pytest.approx(0.5 * 4)  # per round there, times the rounds here
+    assert m["default/local/seed1"] == pytest.approx(2.0 * 4)
+    assert m["default/fedprox/seed0"] is None  # no fedprox run anywhere
+    assert (est.borrowed, est.unknown) == (4, 2)
+    assert "4 run(s) estimated from the runs of --times-from folders" in describe(est, 1)
+
+    # A finished fedavg run here took 3 min (0.75 a round, 1.5 times the other folder's): the
+    # sweep's own fedavg runs go by it, and the borrowed local guesses are scaled by 1.5.
+    finished_in(run["default/fedavg/seed0"], 3.0)
+    statuses = [run_status(r, set()) for r in sweep.runs]
+    times = learned(statuses)
+    borrow(times, [other])
+    assert times.others_factor() == pytest.approx(1.5)
+    est = estimate(statuses, times=times)
+    assert est.minutes[run["default/fedavg/seed1"].dir] == pytest.approx(3.0)
+    assert est.minutes[run["default/local/seed0"].dir] == pytest.approx(2.0 * 4 * 1.5)
+    assert est.borrowed == 2
+
+
+def test_times_from_a_missing_or_empty_folder_is_an_error(tmp_path):
+    path = sweep_file(tmp_path, "[methods.fedavg]\n")
+    (tmp_path / "empty").mkdir()
+    for folder, message in [(tmp_path / "nowhere", "not a folder"), (tmp_path / "empty", "no finished run")]:
+        res = invoke("sweep", path, "--dry-run", "--times-from", folder)
+        assert res.exit_code != 0 and message in res.output, res.output
+    assert not (tmp_path / "runs").exists()  # nothing written
+
+
+def test_dry_run_with_times_from_shows_the_borrowed_guesses(tmp_path):
+    first = sweep_file(tmp_path, "[methods.fedavg]\n", out=tmp_path / "first", name="first.toml")
+    finished_in(load_sweep(first).runs[0], 6.0)
+    (tmp_path / "first" / "default" / "fedavg" / "seed0" / "summary.json").write_text(
+        json.dumps({"algorithm": "fedavg", "rounds": 1, "wall_time_s": 360.0, "status": "finished"})
+    )
+    body = '[methods.plain]\nalgorithm = "fedavg"\n'
+    second = sweep_file(tmp_path, body, out=tmp_path / "second", name="second.toml")
+    res = invoke("sweep", second, "--dry-run", "--times-from", tmp_path / "first")
+    assert res.exit_code == 0, res.output
+    assert "~6" in res.output and "1 run(s) estimated from the runs of --times-from folders" in res.output
 
 
 @pytest.mark.parametrize("text,minutes", [("90", 90), ("90m", 90), ("45 min", 45), ("2h", 120), ("1h30m", 90), ("1.5h", 90)])

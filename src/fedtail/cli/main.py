@@ -353,6 +353,13 @@ def sweep(
         "--time-limit",
         help="e.g. 2h or 1h30m: start only runs expected (from finished ones) to end within it; the rest wait",
     ),
+    times_from: Optional[list[Path]] = typer.Option(
+        None,
+        "--times-from",
+        metavar="FOLDER",
+        help="finished runs of other sweeps (repeatable): time guesses, per round and algorithm, for runs "
+        "with none of their own",
+    ),
 ) -> None:
     """Run settings × methods × seeds from a TOML file, in parallel, skipping finished runs.
 
@@ -375,6 +382,7 @@ def sweep(
             time_limit=time_limit,
             rerun_diverged=rerun_diverged,
             supersede_tag=supersede,
+            times_from=times_from,
         )
     except FedtailError as err:
         fail(str(err))

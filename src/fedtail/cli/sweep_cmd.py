@@ -32,7 +32,7 @@ from fedtail.sweep import (
     supersede,
     to_run,
 )
-from fedtail.sweep.estimate import Estimate, WallTimes, describe, estimate, learned
+from fedtail.sweep.estimate import Estimate, WallTimes, borrow, describe, estimate, learned
 from fedtail.sweep.record import personalized_acc
 
 
@@ -166,12 +166,14 @@ def sweep_command(
     rerun_diverged: bool = False,
     seeds: list[int] | None = None,
     supersede_tag: str | None = None,
+    times_from: list[Path] | None = None,
 ) -> int:
     """``fedtail sweep``: 0 unless a run failed (then 1).
 
     Bad input (the file, a stale folder) raises ConfigError before any run starts. Other sweeps
     may share the output folder: a run another sweep has started or finished is skipped. With
     ``time_limit`` (e.g. ``2h``, counted from now) runs expected to end after it are deferred.
+    ``times_from``: folders of other finished runs, the last resort of the time estimates.
     """
     if jobs is not None and jobs < 1:
         raise ConfigError(f"--jobs must be >= 1 (got {jobs})")
@@ -183,7 +185,9 @@ def sweep_command(
     n_jobs = jobs or plan.jobs
     if dry_run:
         statuses = [run_status(r, busy_dirs()) for r in plan.runs]
-        est = estimate(statuses, plan.selected_dirs())
+        times = learned(statuses)
+        borrow(times, times_from or [])
+        est = estimate(statuses, plan.selected_dirs(), times)
         table, notes = plan_table(plan, statuses, est)
         stdout.print(table)
         for note in notes:
@@ -202,6 +206,8 @@ def sweep_command(
     argv += ["--supersede", supersede_tag] if supersede_tag is not None else []
     argv += ["--rerun-diverged"] if rerun_diverged else []
     argv += ["--time-limit", time_limit] if time_limit is not None else []
+    for folder in times_from or []:
+        argv += ["--times-from", str(folder)]
     say = lambda text: console.print(text, highlight=False, soft_wrap=True)  # noqa: E731
     busy = busy_dirs()
     statuses = [run_status(r, busy) for r in plan.runs]
@@ -210,6 +216,7 @@ def sweep_command(
             say(escape(f"superseded: {src} -> {dst}"))
         statuses = [run_status(r, busy) for r in plan.runs]
     times = learned(statuses)  # read once: the header's estimate, then the time limit's guesses
+    borrow(times, times_from or [])
     selected = plan.selected_dirs()
     check_stale([s for s in statuses if s.run.dir in selected], force)
     counts = count(statuses, plan)

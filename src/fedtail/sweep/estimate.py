@@ -8,7 +8,14 @@ imbalance factor 100 keeps about 60 % of the samples of one with factor 10, and 
 by about as much); else likewise of the same algorithm. A run in progress is expected to take the
 unfinished share of its rounds, and so is a partial run (resumed from its checkpoint). The
 finished runs were timed under the same load (``jobs`` runs sharing the machine), so the total
-divided by ``jobs`` approximates the wall time left. A run with nothing to go by has no estimate.
+divided by ``jobs`` approximates the wall time left.
+
+A new sweep (a paper's table after its validation sweep) has no finished run of its own; with
+``--times-from FOLDER`` the finished runs under other folders are the last resort: a run of the
+same algorithm there, per round, times this run's rounds, times how much longer this sweep's runs
+have taken than those of the same algorithms there (1 until it has finished one: the validation
+runs' held-out samples make them a little faster than the test runs). A run with nothing to go by
+has no estimate.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from statistics import fmean, geometric_mean
 
+from fedtail.errors import FedtailError
 from fedtail.sweep.spec import PlannedRun
 from fedtail.sweep.status import RunStatus
 
@@ -30,6 +38,7 @@ class Estimate:
     minutes: dict[Path, float | None]  # per run folder: done -> its wall time; unfinished -> time left
     left: float  # minutes of the unfinished runs that have an estimate
     unknown: int  # unfinished runs without one
+    borrowed: int = 0  # unfinished runs estimated only from the runs of other folders (--times-from)
 
     def wall_hours(self, jobs: int) -> float:
         return self.left / 60 / max(jobs, 1)
@@ -73,11 +82,19 @@ class WallTimes:
 
     def __init__(self) -> None:
         self.runs: list[tuple[str, str, str, float]] = []  # (method, setting, algorithm, minutes)
+        self.per_round: list[tuple[str, float]] = []  # this sweep's runs: (algorithm, minutes per round)
+        self.others: list[tuple[str, float]] = []  # runs of other folders: (algorithm, minutes per round)
         self.lock = threading.Lock()
 
     def add(self, run: PlannedRun, minutes: float) -> None:
         with self.lock:
             self.runs.append((run.method, run.setting, run.config.algorithm, minutes))
+            self.per_round.append((run.config.algorithm, minutes / max(run.config.rounds, 1)))
+
+    def add_other(self, algorithm: str, minutes: float, rounds: int) -> None:
+        """A finished run of another folder (``--times-from``): the last resort of ``expect``."""
+        with self.lock:
+            self.others.append((algorithm, minutes / max(rounds, 1)))
 
     def _mean(self, *, setting: str | None = None, besides: str | None = None, **match: str) -> float | None:
         """Mean minutes of the runs with these fields, in ``setting`` or in any setting but ``besides``."""
@@ -103,17 +120,69 @@ class WallTimes:
                 ratios.append(here / elsewhere)
         return geometric_mean(ratios) if ratios else 1.0
 
-    def expect(self, run: PlannedRun) -> float | None:
-        """Expected wall minutes of the whole run, or None when no finished run is like it."""
+    def others_factor(self) -> float:
+        """How many times longer this sweep's runs took per round than the other folders' runs.
+
+        The geometric mean over the algorithms timed in both; 1 when none is.
+        """
+        ratios = []
+        for algorithm in {a for a, _ in self.per_round}:
+            here = [m for a, m in self.per_round if a == algorithm]
+            there = [m for a, m in self.others if a == algorithm]
+            if there and fmean(there) > 0 and fmean(here) > 0:
+                ratios.append(fmean(here) / fmean(there))
+        return geometric_mean(ratios) if ratios else 1.0
+
+    def guess(self, run: PlannedRun) -> tuple[float, bool] | None:
+        """Expected wall minutes of the whole run and whether only other folders' runs gave it; None
+        when no finished run is like it."""
         with self.lock:
             for field, value in (("method", run.method), ("algorithm", run.config.algorithm)):
                 here = self._mean(setting=run.setting, **{field: value})
                 if here is not None:
-                    return here
+                    return here, False
                 elsewhere = self._mean(besides=run.setting, **{field: value})
                 if elsewhere is not None:
-                    return elsewhere * self.setting_factor(run.setting)
+                    return elsewhere * self.setting_factor(run.setting), False
+            there = [m for a, m in self.others if a == run.config.algorithm]
+            if there:
+                return fmean(there) * run.config.rounds * self.others_factor(), True
             return None
+
+    def expect(self, run: PlannedRun) -> float | None:
+        """Expected wall minutes of the whole run, or None when no finished run is like it."""
+        guessed = self.guess(run)
+        return None if guessed is None else guessed[0]
+
+
+def borrow(times: WallTimes, folders: list[Path]) -> int:
+    """Add the finished runs under ``folders`` (searched recursively) to ``times``' last resort.
+
+    Returns how many were added; raises FedtailError for a folder that does not exist or holds no
+    finished run with a wall time (a typo would otherwise leave the estimate silently unchanged).
+    """
+    total = 0
+    for folder in folders:
+        if not folder.is_dir():
+            raise FedtailError(f"--times-from {folder}: not a folder")
+        found = 0
+        for path in sorted(folder.rglob("summary.json")):
+            try:
+                summary = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            if not isinstance(summary, dict) or summary.get("status", "finished") != "finished":
+                continue
+            minutes, rounds = wall_minutes(path.parent), summary.get("rounds")
+            algorithm = summary.get("algorithm")
+            if minutes is None or not isinstance(rounds, int) or rounds < 1 or not isinstance(algorithm, str):
+                continue
+            times.add_other(algorithm, minutes, rounds)
+            found += 1
+        if not found:
+            raise FedtailError(f"--times-from {folder}: no finished run with a wall time (summary.json) under it")
+        total += found
+    return total
 
 
 def measured(statuses: list[RunStatus]) -> dict[Path, float | None]:
@@ -141,20 +210,22 @@ def estimate(
     """
     minutes = measured(statuses)
     times = learned(statuses, minutes) if times is None else times
-    left, unknown = 0.0, 0
+    left, unknown, borrowed = 0.0, 0, 0
     for st in statuses:
         if st.state not in ("pending", "partial", "busy") or (selected is not None and st.run.dir not in selected):
             continue
-        whole = times.expect(st.run)
-        if whole is None:
+        guessed = times.guess(st.run)
+        if guessed is None:
             minutes[st.run.dir] = None
             unknown += 1
             continue
+        whole, other = guessed
+        borrowed += other
         done = {"busy": rounds_done(st.run.dir), "partial": st.rounds_done}.get(st.state, 0)
         share = max(0.0, 1 - done / max(st.run.config.rounds, 1))
         minutes[st.run.dir] = whole * share
         left += whole * share
-    return Estimate(minutes, left, unknown)
+    return Estimate(minutes, left, unknown, borrowed)
 
 
 def describe(est: Estimate, jobs: int) -> str:
@@ -162,6 +233,8 @@ def describe(est: Estimate, jobs: int) -> str:
     if est.left == 0 and est.unknown == 0:
         return "nothing left to run"
     text = f"about {est.left / 60:.1f} h of runs left ({est.wall_hours(jobs):.1f} h at {jobs} in parallel)"
+    if est.borrowed:
+        text += f"; {est.borrowed} run(s) estimated from the runs of --times-from folders"
     if est.unknown:
         text += f"; {est.unknown} run(s) not estimated (no finished run of their method or algorithm yet)"
     return text
