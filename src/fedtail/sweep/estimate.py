@@ -81,15 +81,13 @@ class WallTimes:
     """
 
     def __init__(self) -> None:
-        self.runs: list[tuple[str, str, str, float]] = []  # (method, setting, algorithm, minutes)
-        self.per_round: list[tuple[str, float]] = []  # this sweep's runs: (algorithm, minutes per round)
+        self.runs: list[tuple[str, str, str, float, int]] = []  # (method, setting, algorithm, minutes, rounds)
         self.others: list[tuple[str, float]] = []  # runs of other folders: (algorithm, minutes per round)
         self.lock = threading.Lock()
 
     def add(self, run: PlannedRun, minutes: float) -> None:
         with self.lock:
-            self.runs.append((run.method, run.setting, run.config.algorithm, minutes))
-            self.per_round.append((run.config.algorithm, minutes / max(run.config.rounds, 1)))
+            self.runs.append((run.method, run.setting, run.config.algorithm, minutes, max(run.config.rounds, 1)))
 
     def add_other(self, algorithm: str, minutes: float, rounds: int) -> None:
         """A finished run of another folder (``--times-from``): the last resort of ``expect``."""
@@ -100,7 +98,7 @@ class WallTimes:
         """Mean minutes of the runs with these fields, in ``setting`` or in any setting but ``besides``."""
         values = [
             minutes
-            for method, where, algorithm, minutes in self.runs
+            for method, where, algorithm, minutes, _ in self.runs
             if (setting is None or where == setting)
             and where != besides
             and all({"method": method, "algorithm": algorithm}[k] == v for k, v in match.items())
@@ -113,7 +111,7 @@ class WallTimes:
         The geometric mean over the methods timed both in ``setting`` and elsewhere; 1 when none is.
         """
         ratios = []
-        for method in {m for m, where, _, _ in self.runs if where == setting}:
+        for method in {m for m, where, *_ in self.runs if where == setting}:
             here = self._mean(method=method, setting=setting)
             elsewhere = self._mean(method=method, besides=setting)
             if here and elsewhere:  # positive: a zero wall time has no ratio
@@ -126,8 +124,8 @@ class WallTimes:
         The geometric mean over the algorithms timed in both; 1 when none is.
         """
         ratios = []
-        for algorithm in {a for a, _ in self.per_round}:
-            here = [m for a, m in self.per_round if a == algorithm]
+        for algorithm in {a for _, _, a, _, _ in self.runs}:
+            here = [m / rounds for _, _, a, m, rounds in self.runs if a == algorithm]
             there = [m for a, m in self.others if a == algorithm]
             if there and fmean(there) > 0 and fmean(here) > 0:
                 ratios.append(fmean(here) / fmean(there))
