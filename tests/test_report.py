@@ -474,6 +474,23 @@ def test_sweep_sections_follow_their_files_and_share_runs(two_sweeps, tmp_path):
     assert "| fedavg | s-x | 2 |" in costs and costs.count("| fedavg | s-x |") == 1  # the shared run once
 
 
+def test_a_diverged_run_is_named_as_such_in_its_cell_and_warning(two_sweeps, tmp_path):
+    a, _ = two_sweeps
+    run = next(r for r in load_sweep(a).runs if (r.setting, r.method, r.seed) == ("s-y", "ghost", 0))
+    run.dir.mkdir(parents=True)
+    (run.dir / "config.json").write_text(json.dumps(run.config_dict()))
+    cause = "client 4: non-finite train_loss reported"
+    diverged = {"algorithm": "local", "seed": 0, "status": "diverged", "diverged": {"round": 2, "cause": cause}}
+    (run.dir / "summary.json").write_text(json.dumps(diverged))
+    md = tmp_path / "R.md"
+    res = invoke("report", "--sweep", a, "--out", md)
+    assert res.exit_code == 0, res.output
+    assert table(md.read_text(), FINAL)["ghost"]["s-y"] == "diverged (round 2)"
+    warning = next(w for w in section(md.read_text(), "Warnings").splitlines() if str(run.dir) in w)
+    assert "diverged run; its cells say so (diverged at round 2: client 4" in warning
+    assert "not in the tables" not in warning
+
+
 def test_sweep_sections_have_their_own_figures(two_sweeps, tmp_path):
     a, b = two_sweeps
     md = tmp_path / "R.md"

@@ -111,7 +111,8 @@ def load_section(path: Path, cache: dict[Path, Run | None], warnings: list[str])
         # the plan names the cell, whatever the folder's config says; staleness is per plan
         run = replace(found, setting=planned.setting, method=planned.method, seed=planned.seed, sweep_root=sweep.out)
         if run.summary is None:
-            warnings.append(f"{run.dir}: unfinished run ({run.problem}); not in the tables")
+            what = "diverged run; its cells say so" if run.diverged is not None else "unfinished run; not in the tables"
+            warnings.append(f"{run.dir}: {what} ({run.problem})")
         else:
             status = run_status(planned)
             if status.state == "stale":
