@@ -144,6 +144,45 @@ def test_the_best_value_of_a_curve_and_whether_it_sits_at_the_grids_edge(tmp_pat
     ]
 
 
+def diverged_run(folder: Path, *, seed: int = 0, options=None, round_: int = 2) -> None:
+    """A run the engine stopped as diverged: its config, one evaluated round and a diverged summary."""
+    curve_run(folder, [0.3, 0.3], seed=seed, options=options)  # the same rounds as the curve's runs
+    summary = {"algorithm": "fedprox", "seed": seed, "status": "diverged",
+               "diverged": {"round": round_, "cause": "client 1: non-finite train_loss reported"}}  # fmt: skip
+    (folder / "summary.json").write_text(json.dumps(summary))
+
+
+def test_a_diverged_value_closes_the_grid_on_its_side(tmp_path):
+    from fedtail.report.analyses import grid_verdicts
+
+    root = tmp_path / "runs"
+    for mu, acc in {0.1: 0.80, 1.0: 0.84, 10.0: 0.86}.items():
+        curve_run(root / "s" / f"mu{mu:g}" / "seed0", [0.5, acc], options={"mu": mu})
+        _set_last10(root / "s" / f"mu{mu:g}" / "seed0", acc)
+    col = collect([root])
+    assert grid_verdicts(col, sensitivity_groups(col))[0].endswith("at the grid's upper edge: extend the grid above it, if the option allows.")
+    diverged_run(root / "s" / "mu100" / "seed0", options={"mu": 100.0})
+    col = collect([root])
+    groups = sensitivity_groups(col)
+    assert groups[0].points["mu100"] == 100.0  # the diverged value is on the curve
+    assert grid_verdicts(col, groups) == [
+        "- fedprox: mu, s: best mu = 10 (last-10 mean 86.00 %; next 1, 2.00 points lower; final round 86.00 %; next 1, "
+        "2.00 points lower), at the highest value that ran to the end; 100 above it diverged. Diverged: mu = 100."
+    ]
+    md = tmp_path / "R.md"
+    assert invoke("report", root, "--out", md).exit_code == 0
+    part = md.read_text().split("Sensitivity to one option", 1)[1]
+    assert "| fedprox: mu | 100 | mu100 | diverged (round 2) |" in part
+    # a diverged value inside the grid is named, and the edge rule is unchanged
+    diverged_run(root / "s" / "mu3" / "seed0", options={"mu": 3.0})
+    (root / "s" / "mu100" / "seed0" / "summary.json").unlink()
+    (root / "s" / "mu100" / "seed0" / "FAILED").write_text("killed\n")  # unfinished, not diverged: no point
+    col = collect([root])
+    assert grid_verdicts(col, sensitivity_groups(col))[0].endswith(
+        "at the grid's upper edge: extend the grid above it, if the option allows. Diverged: mu = 3."
+    )
+
+
 def test_no_sensitivity_curve_from_two_points(tmp_path):
     root = tmp_path / "runs"
     for mu in (0.01, 0.1):

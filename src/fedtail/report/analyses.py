@@ -121,7 +121,8 @@ def sensitivity_groups(col: Collection) -> list[Sensitivity]:
     configs: dict[str, dict[str, Any]] = {}
     for m in col.methods:
         for s in col.settings:
-            runs = [r for r in col.finished(s, m) if r.named is None and r.config]
+            # a value that diverged is a point of its curve too: the grid was tried there
+            runs = [r for r in col.finished(s, m) + col.diverged(s, m) if r.named is None and r.config]
             if runs:
                 configs[m] = runs[0].config  # type: ignore[assignment]
                 break
@@ -151,6 +152,11 @@ def sensitivity_groups(col: Collection) -> list[Sensitivity]:
     return sorted(out, key=lambda g: min(order[m] for m in g.points))
 
 
+def diverged_values(col: Collection, g: Sensitivity, setting: str) -> list[float]:
+    """The option's values on curve ``g`` whose every run in ``setting`` diverged (none finished)."""
+    return sorted(x for m, x in g.points.items() if col.diverged(setting, m) and not col.finished(setting, m))
+
+
 def _option_bounds(algorithm_name: str, option: str) -> tuple[float | None, float | None]:
     """The inclusive bounds the algorithm's config declares for ``option`` (``Field(ge=..., le=...)``);
     None where it declares none or the algorithm cannot be loaded."""
@@ -174,12 +180,14 @@ def grid_verdicts(col: Collection, groups: list[Sensitivity]) -> list[str]:
     """Per curve and setting: the option's value with the highest accuracy and where it lies in
     the grid (inside, or at an edge: a grid to extend before the value is used), by the mean over
     seeds of the last-10 mean (``summary.json`` → ``last10``) and of the final round, the two
-    metrics validation rules use; a metric some run lacks is left out."""
+    metrics validation rules use; a metric some run lacks is left out. Values whose runs all
+    diverged are named; one beyond the best value's edge closes the grid on that side."""
     lines = []
     for g in groups:
         low, high = _option_bounds(g.algorithm, g.option)
         for s in col.settings:
             runs = {m: r for m in g.points if (r := col.finished(s, m))}
+            diverged = diverged_values(col, g, s)
             found = {}  # metric -> (best values, top accuracy, where, runner-up gap)
             for which in ("last10", "final"):
                 cells = {m: cell(r, which) for m, r in runs.items()}
@@ -194,11 +202,15 @@ def grid_verdicts(col: Collection, groups: list[Sensitivity]) -> list[str]:
                 rest = {g.points[m]: c.mean for m, c in cells.items() if g.points[m] not in best}
                 runner = max(rest, key=lambda x: rest[x]) if rest else None
                 gap = "" if runner is None else f"; next {runner:g}, {100 * (top - rest[runner]):.2f} points lower"
+                below = [x for x in diverged if x < values[0]]
+                above = [x for x in diverged if x > values[-1]]
                 if best[0] == values[0]:
                     where = (f"at the option's lower bound ({low:g}): the grid cannot extend" if low == values[0]
+                             else f"at the lowest value that ran to the end; {below[-1]:g} below it diverged" if below
                              else "at the grid's lower edge: extend the grid below it")  # fmt: skip
                 elif best[-1] == values[-1]:
                     where = (f"at the option's upper bound ({high:g}): the grid cannot extend" if high == values[-1]
+                             else f"at the highest value that ran to the end; {above[0]:g} above it diverged" if above
                              else "at the grid's upper edge: extend the grid above it, if the option allows")  # fmt: skip
                 else:
                     where = "inside the grid"
@@ -212,6 +224,8 @@ def grid_verdicts(col: Collection, groups: list[Sensitivity]) -> list[str]:
                 parts = [f"by the {_METRIC_NAMES[w]}, best {g.option} = {b} ({100 * t:.2f} %{gap}), {where}"
                          for w, (b, t, where, gap) in found.items()]  # fmt: skip
                 lines.append(head + "; ".join(parts) + ".")
+            if found and diverged:
+                lines[-1] += f" Diverged: {g.option} = {', '.join(f'{x:g}' for x in diverged)}."
     return lines
 
 
@@ -254,7 +268,8 @@ def plot_sensitivity(col: Collection, groups: list[Sensitivity], path: Path, whi
             err = np.array([m_arr - np.array(low), np.array(high) - m_arr])
             ax.errorbar(xs, mean, yerr=err, marker="o", ms=4, lw=1.4, capsize=3, color=colors(j % 10), label=s)
         _scale(ax, list(g.points.values()))
-        ax.set_title(g.title, fontsize=10)
+        lost = sorted({x for s in col.settings for x in diverged_values(col, g, s)})
+        ax.set_title(g.title + (f" ({g.option} {', '.join(f'{x:g}' for x in lost)}: diverged)" if lost else ""), fontsize=10)
         ax.set_xlabel(g.option)
         ax.set_ylabel(f"{which} personalised accuracy (%)", fontsize=8)
         ax.grid(alpha=0.3)
