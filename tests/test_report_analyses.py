@@ -80,15 +80,31 @@ def test_sensitivity_curves_are_found_from_the_configs(tmp_path):
     res = invoke("report", root, "--out", md)
     assert res.exit_code == 0, res.output
     part = md.read_text().split("Sensitivity to one option", 1)[1].split("## Costs", 1)[0]
-    # by value, the default (0.01 for fedprox) among them
-    assert "| fedprox: mu | 0.001 | mu0.001 | 80.00 (1 seed) |" in part
-    assert "| fedprox: mu | 0.01 | mu0.01 | 84.00 (1 seed) |" in part
-    assert "| fedprox: mu | 0.1 | mu0.1 | 78.00 (1 seed) |" in part
+    # by value, the default (0.01 for fedprox) among them; the final round, then the last-10 mean
+    # (from metrics.jsonl: the mean of rounds 1 and 2), the two metrics the verdicts rank by
+    assert "| curve | value | method | s, final round | s, last-10 mean |" in part
+    assert "| fedprox: mu | 0.001 | mu0.001 | 80.00 (1 seed) | 65.00 (1 seed) |" in part
+    assert "| fedprox: mu | 0.01 | mu0.01 | 84.00 (1 seed) | 67.00 (1 seed) |" in part
+    assert "| fedprox: mu | 0.1 | mu0.1 | 78.00 (1 seed) | 64.00 (1 seed) |" in part
     assert "mu1-other" not in part
     # by the last-10 means (from metrics.jsonl: rounds 1 and 2) and the final round alike, 0.01
     # (67.00 and 84.00, above the default's 66.50 and 83.00) is best, inside the grid
     assert "- fedprox: mu, s: best mu = 0.01 (last-10 mean 67.00 %; next 0.001, 2.00 points lower; final round 84.00 %; next 0.001, 4.00 points lower), inside the grid." in part
     assert (tmp_path / "R-sensitivity.png").stat().st_size > 5000
+
+
+def test_the_sensitivity_table_has_one_column_per_setting_when_no_run_has_a_last10_mean(tmp_path):
+    from fedtail.report.analyses import sensitivity_table
+
+    root = tmp_path / "runs"
+    for mu, acc in {0.01: 0.80, 0.1: 0.86, 1.0: 0.84}.items():
+        curve_run(root / "s" / f"mu{mu:g}" / "seed0", [0.5, acc], options={"mu": mu})
+        (root / "s" / f"mu{mu:g}" / "seed0" / "metrics.jsonl").unlink()  # nothing to derive it from
+    col = collect([root])
+    table = sensitivity_table(col, sensitivity_groups(col))
+    assert "| curve | value | method | s |" in table
+    assert "| fedprox: mu | 0.1 | mu0.1 | 86.00 (1 seed) |" in table
+    assert "last-10" not in table
 
 
 def _set_last10(folder: Path, value: float) -> None:
@@ -172,7 +188,7 @@ def test_a_diverged_value_closes_the_grid_on_its_side(tmp_path):
     md = tmp_path / "R.md"
     assert invoke("report", root, "--out", md).exit_code == 0
     part = md.read_text().split("Sensitivity to one option", 1)[1]
-    assert "| fedprox: mu | 100 | mu100 | diverged (round 2) |" in part
+    assert "| fedprox: mu | 100 | mu100 | diverged (round 2) | diverged (round 2) |" in part
     # a diverged value inside the grid is named, and the edge rule is unchanged
     diverged_run(root / "s" / "mu3" / "seed0", options={"mu": 3.0})
     (root / "s" / "mu100" / "seed0" / "summary.json").unlink()

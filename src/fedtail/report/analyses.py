@@ -287,17 +287,22 @@ def plot_sensitivity(col: Collection, groups: list[Sensitivity], path: Path, whi
     return True
 
 
-def sensitivity_table(col: Collection, groups: list[Sensitivity], which: str = "final") -> str:
-    """The numbers behind :func:`plot_sensitivity`: one row per (curve, value)."""
+def sensitivity_table(col: Collection, groups: list[Sensitivity]) -> str:
+    """The numbers behind :func:`plot_sensitivity`: one row per (curve, value), with the final
+    round and, where any run of the curves has it, the last-10 mean of each setting: the two
+    metrics :func:`grid_verdicts` ranks by, so that a rule on either is read off the table."""
     from fedtail.report.tables import cell_text
 
+    metrics = ["final"]
+    if any(cell(col.finished(s, m), "last10").n for g in groups for m in g.points for s in col.settings):
+        metrics.append("last10")
     rows = [
-        [g.title, f"{x:g}", m] + [cell_text(col, s, m, which) for s in col.settings]
+        [g.title, f"{x:g}", m] + [cell_text(col, s, m, w) for s in col.settings for w in metrics]
         for g in groups
         for m, x in sorted(g.points.items(), key=lambda kv: kv[1])
     ]
-    header = ["curve", "value", "method"] + list(col.settings)
-    return markdown_table(header, rows, ["l", "r", "l"] + ["r"] * len(col.settings))
+    columns = [s if len(metrics) == 1 else f"{s}, {_METRIC_NAMES[w]}" for s in col.settings for w in metrics]
+    return markdown_table(["curve", "value", "method"] + columns, rows, ["l", "r", "l"] + ["r"] * len(columns))
 
 
 # ---------------------------------------------------------------------------------------------

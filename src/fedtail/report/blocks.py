@@ -340,7 +340,8 @@ def sensitivity_block(col: Collection, groups: list[Sensitivity], level: int = 2
         f"{'#' * level} Sensitivity to one option",
         "",
         "Methods of one algorithm whose runs differ only in one numeric option, by the option's value: "
-        "final-round personalised accuracy (%), as in the tables above.",
+        "final-round personalised accuracy (%), as in the tables above, and, where the runs have it, the mean "
+        "of the last 10 evaluated rounds (the two metrics validation rules use).",
         "",
         sensitivity_table(col, groups),
         "",
