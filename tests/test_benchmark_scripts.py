@@ -44,3 +44,33 @@ def test_stage_classes_counts_the_classes_of_every_stage_task(tmp_path):
     ).stdout  # fmt: skip
     assert "| setting | 3 classes | 4 classes |" in out
     assert "| 20-4-5-if50 | 25 % | 75 % |" in out
+
+
+def _paired_run(folder: Path, per_client_rows: list[list[float]], status: str = "finished") -> None:
+    folder.mkdir(parents=True)
+    rows = [{"round": r, "per_client_acc": accs} for r, accs in enumerate(per_client_rows, 1)]
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    (folder / "summary.json").write_text(json.dumps({"status": status}))
+
+
+def test_paired_clients_counts_wins_ties_and_losses_per_seed(tmp_path):
+    script = str(ROOT / "benchmarks/fedac/paired_clients.py")
+    # 8 clients; A's final round beats B by 0.25 on clients 0-5, equals it on 6, loses 0.5 on 7
+    # (all multiples of 1/8, exact in binary): mean diff (6 * 25 - 50) / 8 = +12.50 points
+    b = [0.5] * 8
+    a = [0.75] * 6 + [0.5, 0.0]
+    _paired_run(tmp_path / "A" / "seed0", [[0.0] * 8, a])
+    _paired_run(tmp_path / "B" / "seed0", [[0.0] * 8, b])
+    out = subprocess.run([sys.executable, script, str(tmp_path), "A", "B"], capture_output=True, text=True, check=True).stdout
+    row = next(line for line in out.splitlines() if line.startswith("seed0")).split()
+    assert row[:6] == ["seed0", "8", "+12.50", "6", "1", "1"]
+    assert 0 < float(row[6]) < 1
+    # --last 2: the mean of the two rounds halves every difference
+    out = subprocess.run([sys.executable, script, str(tmp_path), "A", "B", "--last", "2"],
+                         capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert next(line for line in out.splitlines() if line.startswith("seed0")).split()[2] == "+6.25"
+    # an unfinished run is refused, not compared
+    _paired_run(tmp_path / "A" / "seed1", [a], status="diverged")
+    _paired_run(tmp_path / "B" / "seed1", [b])
+    res = subprocess.run([sys.executable, script, str(tmp_path), "A", "B"], capture_output=True, text=True)
+    assert res.returncode != 0 and "not a finished run" in res.stderr
