@@ -597,6 +597,14 @@ def test_estimate_uses_the_closest_finished_runs_and_the_rounds_done(tmp_path):
     assert only_a.left == pytest.approx(10 + 50) and only_a.unknown == 2
 
 
+def test_runs_that_all_lack_an_estimate_are_not_described_as_zero_hours():
+    from fedtail.sweep.estimate import Estimate
+
+    text = describe(Estimate(minutes={}, left=0.0, unknown=3), 2)
+    assert "0.0 h" not in text and "no estimate: 3 run(s) left" in text
+    assert describe(Estimate(minutes={}, left=0.0, unknown=0), 2) == "nothing left to run"
+
+
 def test_a_setting_factor_scales_guesses_from_other_settings(tmp_path):
     body = "".join(f"[settings.{name}]\npartition = {{ alpha = {a} }}\n" for name, a in [("a", 0.5), ("b", 1.0), ("c", 2.0)])
     body += '[methods.fedavg]\n[methods.slow]\nalgorithm = "fedavg"\n[methods.other]\nalgorithm = "fedavg"\n'

@@ -230,6 +230,8 @@ def describe(est: Estimate, jobs: int) -> str:
     """``about 12.3 h of runs left (6.2 h at 2 in parallel)``, with the runs nothing is known of."""
     if est.left == 0 and est.unknown == 0:
         return "nothing left to run"
+    if est.left == 0:  # only runs nothing is known of: "0.0 h" would read as "done"
+        return f"no estimate: {est.unknown} run(s) left, none with a finished run of their method or algorithm yet"
     text = f"about {est.left / 60:.1f} h of runs left ({est.wall_hours(jobs):.1f} h at {jobs} in parallel)"
     if est.borrowed:
         text += f"; {est.borrowed} run(s) estimated from the runs of --times-from folders"
