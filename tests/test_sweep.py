@@ -30,7 +30,7 @@ from fedtail.sweep import (
     run_status,
 )
 from fedtail.cli.sweep_cmd import parse_duration
-from fedtail.sweep.estimate import borrow, describe, estimate, learned
+from fedtail.sweep.estimate import Estimate, borrow, describe, estimate, learned
 from fedtail.sweep.status import folder_lock
 from helpers import invoke, sweep_base
 
@@ -598,8 +598,6 @@ def test_estimate_uses_the_closest_finished_runs_and_the_rounds_done(tmp_path):
 
 
 def test_runs_that_all_lack_an_estimate_are_not_described_as_zero_hours():
-    from fedtail.sweep.estimate import Estimate
-
     text = describe(Estimate(minutes={}, left=0.0, unknown=3), 2)
     assert "0.0 h" not in text and "no estimate: 3 run(s) left" in text
     assert describe(Estimate(minutes={}, left=0.0, unknown=0), 2) == "nothing left to run"
