@@ -382,4 +382,15 @@ def test_table3_rows_take_each_deltas_numbers_from_the_run_it_equals(tmp_path):
     curve_run(root / "s" / "fedrema-delta0.3" / "seed0", [0.5] * 6, seed=0, algorithm="fedrema",
               options={"delta": 0.3}, rounds_log=ccp_log(2, 6))  # fmt: skip
     assert invoke("report", root, "--out", md).exit_code == 0
-    assert "whose CCP ended in round 2 where the ratios of fedrema-no-ccp say 5" in md.read_text()
+    text = md.read_text()
+    assert "whose CCP ended in round 2 where the ratios of fedrema-no-ccp say 5" in text
+    assert "the runs are not the same up to the end" in text
+    rows = {r[1]: r for r in (line.split(" | ") for line in text.splitlines()) if len(r) == 9 and r[0] == "| s"}
+    assert rows["0.3"][2] == "2"  # the length the run beside it had, not the ratios'
+    # runs on CPUs of different instruction sets round differently: the note says so
+    for folder, capability in (("fedrema-no-ccp", "AVX512"), ("fedrema-delta0.3", "AVX2")):
+        summary_path = root / "s" / folder / "seed0" / "summary.json"
+        summary = json.loads(summary_path.read_text())
+        summary_path.write_text(json.dumps(summary | {"machine": {"cpu_capability": capability}}))
+    assert invoke("report", root, "--out", md).exit_code == 0
+    assert "CPUs of different capability (AVX512 and AVX2)" in md.read_text()

@@ -5,7 +5,9 @@
 RUN_DIR (default: the CCP probe's ``mds-every-round`` run) must be a FedReMa run with
 ``ccp = false``, which logs the ratio Δs̄^t / max_{τ≤t} Δs̄^τ of Eq. 9 every round. A run with δ is
 that run until its CCP ends, in the first round whose ratio is below δ (that round still uses
-MDS), so the CCP of δ lasts that many rounds; "> R" means it outlasts the run's R rounds.
+MDS), so the CCP of δ lasts that many rounds; "> R" means it outlasts the run's R rounds. Bit for
+bit only on a CPU of the same instruction set: an AVX2 and an AVX512 machine round differently,
+so a ratio within about 0.01 of δ may cross it a round earlier or later there.
 Prints the ratio of every round, then one line per δ (Markdown tables).
 """
 

@@ -497,7 +497,9 @@ def ccp_end_round(run: Run) -> int | None:
 class DeltaSource:
     """Where one seed's numbers for one δ come from."""
 
-    end: int | None  # the δ's CCP end from the MDS-every-round run's ratios (None: not within the run)
+    # the round the δ's CCP ended: in the δ's own run where one was made, else read from the
+    # MDS-every-round run's ratios (None: not within the run)
+    end: int | None
     last: int  # the last round that run logged
     run: Run | None  # the run whose accuracy and cost stand for this δ (None: no run equals it)
     note: str  # how ``run`` was chosen
@@ -530,8 +532,9 @@ def delta_sources(col: Collection, setting: str, delta: float) -> dict[int | Non
             own = ccp_end_round(exact[0])
             note = "its own run" if own == end else (
                 f"its own run, whose CCP ended in round {own if own is not None else 'none'} where the "
-                f"ratios of {base.method} say {end if end is not None else 'none'}: the runs are not the same up to the end")  # fmt: skip
-            found[base.seed] = DeltaSource(end, last, exact[0], note)
+                f"ratios of {base.method} say {end if end is not None else 'none'}: {_why_apart(base, exact[0])}")  # fmt: skip
+            # the length shown is the one the run whose accuracy stands beside it had
+            found[base.seed] = DeltaSource(own, max(fedrema_records(exact[0]), default=last) if own is None else last, exact[0], note)
         elif end is None:
             found[base.seed] = DeltaSource(end, last, base, f"= {base.method} (the CCP does not end within the run)")
         else:
@@ -539,6 +542,21 @@ def delta_sources(col: Collection, setting: str, delta: float) -> dict[int | Non
             note = f"= {twins[0].method} (its CCP ended in the same round)" if twins else "no run ends its CCP in that round"
             found[base.seed] = DeltaSource(end, last, twins[0] if twins else None, note)
     return found
+
+
+def _cpu_capability(run: Run) -> str | None:
+    machine = (run.summary or {}).get("machine") or {}
+    return machine.get("cpu_capability") if isinstance(machine, dict) else None
+
+
+def _why_apart(a: Run, b: Run) -> str:
+    """Why two runs that should be the same up to the CCP's end are not."""
+    ca, cb = _cpu_capability(a), _cpu_capability(b)
+    if ca and cb and ca != cb:
+        # PyTorch picks its kernels by the CPU's instruction set, and their float rounding differs
+        return (f"the runs were made on CPUs of different capability ({ca} and {cb}), whose floating-point "
+                "rounding differs from round 1, so their ratios differ slightly and can cross δ in different rounds")  # fmt: skip
+    return "the runs are not the same up to the end"
 
 
 def final_rounds_cell(runs: list[Run], k: int) -> Cell:
