@@ -500,7 +500,7 @@ class DeltaSource:
     # the round the δ's CCP ended: in the δ's own run where one was made, else read from the
     # MDS-every-round run's ratios (None: not within the run)
     end: int | None
-    last: int  # the last round that run logged
+    last: int  # the last round logged by the run ``end`` comes from
     run: Run | None  # the run whose accuracy and cost stand for this δ (None: no run equals it)
     note: str  # how ``run`` was chosen
 
@@ -534,7 +534,7 @@ def delta_sources(col: Collection, setting: str, delta: float) -> dict[int | Non
                 f"its own run, whose CCP ended in round {own if own is not None else 'none'} where the "
                 f"ratios of {base.method} say {end if end is not None else 'none'}: {_why_apart(base, exact[0])}")  # fmt: skip
             # the length shown is the one the run whose accuracy stands beside it had
-            found[base.seed] = DeltaSource(own, max(fedrema_records(exact[0]), default=last) if own is None else last, exact[0], note)
+            found[base.seed] = DeltaSource(own, max(fedrema_records(exact[0]), default=last), exact[0], note)
         elif end is None:
             found[base.seed] = DeltaSource(end, last, base, f"= {base.method} (the CCP does not end within the run)")
         else:
