@@ -21,7 +21,7 @@ from fedtail.report.runfiles import CHECKPOINT, CHECKPOINT_INFO
 from fedtail.runner import run_to_folder
 from helpers import PACKAGED, SMOKE, algorithm_config, invoke, same, staged, strip_timing, sweep_base
 
-TIMING = ("wall_time_s", "time_s", "samples_per_s")
+TIMING = ("wall_time_s", "time_s", "samples_per_s", "pieces")  # pieces: which process ran which rounds
 
 
 def no_timing(summary: dict) -> dict:
@@ -230,7 +230,26 @@ def test_a_stopped_run_folder_resumes_to_the_same_files(tmp_path, name, override
     assert starts[:2] == [2, 3]  # the progress starts at the checkpoint
     assert no_timing(summary) == no_timing(reference)
     assert folder(out) == folder(tmp_path / "ref")  # metrics.jsonl lost the stopped run's round-3 row
+    # each piece names the machine it ran on, from the round it began with
+    assert [p["from_round"] for p in reference["pieces"]] == [1]
+    assert [p["from_round"] for p in summary["pieces"]] == [1, 3]
+    assert all(p["cpu_capability"] == summary["machine"]["cpu_capability"] for p in summary["pieces"])
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "metrics.jsonl", "partition.json", "summary.json"]
+
+
+def test_a_checkpoint_without_pieces_resumes_with_its_first_machine_unknown(tmp_path):
+    config = tiny_config(rounds=3, checkpoint_every=1)
+    with pytest.raises(Stop):
+        run_to_folder(config, tmp_path, on_round=stop_after(2))
+    state = checkpoint.load(tmp_path / CHECKPOINT)
+    assert [p["from_round"] for p in state["pieces"]] == [1]
+    del state["pieces"]  # as written by a fedtail that did not record them
+    (tmp_path / CHECKPOINT).write_bytes(checkpoint.to_bytes(state))
+    summary = run_to_folder(config, tmp_path, resume=True)
+    assert [(p["from_round"], p["cpu_capability"]) for p in summary["pieces"]] == [
+        (1, None),
+        (state["round"] + 1, summary["machine"]["cpu_capability"]),
+    ]
 
 
 def test_resume_refuses_a_checkpoint_of_another_config(tmp_path):

@@ -394,3 +394,15 @@ def test_table3_rows_take_each_deltas_numbers_from_the_run_it_equals(tmp_path):
         summary_path.write_text(json.dumps(summary | {"machine": {"cpu_capability": capability}}))
     assert invoke("report", root, "--out", md).exit_code == 0
     assert "CPUs of different capability (AVX512 and AVX2)" in md.read_text()
+    # a run resumed on another machine: its pieces name the instruction sets in order
+    summary_path = root / "s" / "fedrema-delta0.3" / "seed0" / "summary.json"
+    summary = json.loads(summary_path.read_text())
+    pieces = [{"from_round": 1, "cpu_capability": "AVX512"}, {"from_round": 5, "cpu_capability": "AVX2"}]
+    summary_path.write_text(json.dumps(summary | {"pieces": pieces}))
+    assert invoke("report", root, "--out", md).exit_code == 0
+    assert "CPUs of different capability (AVX512 and AVX512, then AVX2)" in md.read_text()
+    # a piece on an unknown machine: no cause is named
+    pieces[0]["cpu_capability"] = None
+    summary_path.write_text(json.dumps(summary | {"pieces": pieces}))
+    assert invoke("report", root, "--out", md).exit_code == 0
+    assert "CPUs of different capability" not in md.read_text()

@@ -67,6 +67,8 @@ def run_to_folder(
     if resume is None:
         found = checkpoint_diffs(config, out)
         resume = found is not None and not found[1]
+    machine = machine_info()
+    pieces = [_piece(1, machine)]
     if resume:
         state = checkpoint.load(out / CHECKPOINT)
         diffs = config_diff(state["config"], config.model_dump(mode="json"))
@@ -75,6 +77,8 @@ def run_to_folder(
                 f"{out / CHECKPOINT} is of a run with another config ({'; '.join(diffs)}); "
                 "start afresh (fedtail run --overwrite) or choose another folder"
             )
+        # checkpoints written before pieces were recorded: the earlier machines are unknown
+        pieces = list(state.get("pieces") or [_piece(1, {})]) + [_piece(state["round"] + 1, machine)]
     dataset, partition = prepare(config)  # raises before anything is written
     writer = RunWriter(out)
     sim = Simulation(
@@ -83,7 +87,7 @@ def run_to_folder(
         partition,
         on_eval=writer.append_metrics,
         on_round=on_round,
-        on_checkpoint=(lambda s: checkpoint.save(out, s)) if checkpoints else None,
+        on_checkpoint=(lambda s: checkpoint.save(out, s | {"pieces": pieces})) if checkpoints else None,
         executor_factory=executor_factory,
         run_dir=out,
     )
@@ -97,12 +101,15 @@ def run_to_folder(
         sim.executor.close()
         raise
     # The machine per run: a sweep's runs may span machines, and wall times compare only within one;
-    # the code too: a sweep may outlive several commits of the library.
+    # the code too: a sweep may outlive several commits of the library. A resumed run may have
+    # run its pieces on different machines, and results are bit-identical only on one CPU
+    # capability, so each piece names its own ("machine" is the last piece's).
     head = {
         "algorithm": config.algorithm,
         "dataset": config.dataset,
         "seed": config.seed,
-        "machine": machine_info(),
+        "machine": machine,
+        "pieces": pieces,
         "code": code_info(),
     }
     try:
@@ -118,6 +125,11 @@ def run_to_folder(
     summary = _transport(sim, head | summary)
     writer.finish(summary)
     return summary
+
+
+def _piece(from_round: int, machine: dict[str, Any]) -> dict[str, Any]:
+    """The part of a run from ``from_round`` on, as run by one process: its CPU and vector instructions."""
+    return {"from_round": from_round, "cpu": machine.get("cpu"), "cpu_capability": machine.get("cpu_capability")}
 
 
 def _transport(sim: Any, summary: dict[str, Any]) -> dict[str, Any]:

@@ -12,7 +12,9 @@ A checkpoint (``checkpoint.pt`` in the run folder, format version :data:`VERSION
      "meter":      the cost meters (Meter.as_dict()),
      "rows":       every metrics row recorded so far (metrics.jsonl is rewritten from them),
      "round_logs": the round logs since the last evaluation,
-     "rng":        the main process's torch / numpy / python global random states}
+     "rng":        the main process's torch / numpy / python global random states,
+     "pieces":     (added by the runner) the round each process of the run began with, and its
+                   CPU and vector instructions, for summary.json}
 
 Nothing else needs saving: client sampling is a function of (seed, round), client tasks are
 reseeded from (seed, round, call, client), and the workspace models are overwritten before use.

@@ -545,14 +545,23 @@ def delta_sources(col: Collection, setting: str, delta: float) -> dict[int | Non
 
 
 def _cpu_capability(run: Run) -> str | None:
-    machine = (run.summary or {}).get("machine") or {}
-    return machine.get("cpu_capability") if isinstance(machine, dict) else None
+    """The vector instructions a run ran on ("AVX2"; "AVX512, then AVX2" for a run resumed on
+    another machine); None when unknown for any of its pieces."""
+    summary = run.summary or {}
+    pieces = summary.get("pieces")
+    if not isinstance(pieces, list) or not pieces:  # a summary from before pieces were recorded
+        machine = summary.get("machine")
+        pieces = [machine] if isinstance(machine, dict) else [{}]
+    found = [p.get("cpu_capability") if isinstance(p, dict) else None for p in pieces]
+    if not all(found):
+        return None
+    return ", then ".join(c for i, c in enumerate(found) if i == 0 or c != found[i - 1])
 
 
 def _why_apart(a: Run, b: Run) -> str:
     """Why two runs that should be the same up to the CCP's end are not."""
     ca, cb = _cpu_capability(a), _cpu_capability(b)
-    if ca and cb and ca != cb:
+    if ca and cb and (ca != cb or ", then " in ca):
         # PyTorch picks its kernels by the CPU's instruction set, and their float rounding differs
         return (f"the runs were made on CPUs of different capability ({ca} and {cb}), whose floating-point "
                 "rounding differs from round 1, so their ratios differ slightly and can cross δ in different rounds")  # fmt: skip

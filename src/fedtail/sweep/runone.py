@@ -27,10 +27,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from fedtail.components import build_config
     from fedtail.errors import FedtailError, RunDiverged
+    from fedtail.machine import describe, machine_info
     from fedtail.provenance import code_info, describe_code
     from fedtail.runner import run_to_folder
 
-    print(f"code: {describe_code(code_info())}", flush=True)  # each piece of a resumed run names its own
+    # each piece of a resumed run names its own code and machine
+    print(f"code: {describe_code(code_info())}", flush=True)
+    print(f"machine: {describe(machine_info())}", flush=True)
 
     try:
         # the planned config is complete: read it literally, no reference settings filled in
