@@ -672,6 +672,48 @@ def test_times_from_other_folders_are_the_last_resort_per_round_and_calibrated(t
     assert est.borrowed == 2
 
 
+def test_runs_of_an_algorithm_with_other_cost_settings_give_only_rough_guesses(tmp_path):
+    # Three methods of one algorithm: "sparse" evaluates every 2nd round, so its cost settings
+    # differ from the finished "every" run's; "twin" shares them.
+    body = '[methods.every]\nalgorithm = "fedavg"\n[methods.twin]\nalgorithm = "fedavg"\n'
+    body += '[methods.sparse]\nalgorithm = "fedavg"\neval_every = 2\n'
+    path = sweep_file(tmp_path, body)
+    path.write_text(path.read_text().replace("rounds = 1", "rounds = 4"))
+    sweep = load_sweep(path)
+    run = {r.method: r for r in sweep.runs}
+    finished_in(run["every"], 10.0)
+    statuses = [run_status(r, set()) for r in sweep.runs]
+    times = learned(statuses)
+    assert times.guess(run["twin"]) == (pytest.approx(10.0), False, False)
+    assert times.guess(run["sparse"]) == (pytest.approx(10.0), False, True)  # still a guess, but rough
+    est = estimate(statuses, times=times)
+    assert (est.rough, est.unknown) == ({run["sparse"].dir}, 0)
+    assert "1 run(s) estimated roughly (~N?), from runs of their algorithm with other options" in describe(est, 1)
+    res = invoke("sweep", path, "--dry-run")
+    cells = [[c.strip() for c in line.split("│")] for line in res.output.splitlines() if line.count("│") == 8]
+    assert {c[3]: c[7] for c in cells} == {"every": "10.0", "twin": "~10", "sparse": "~10?"}
+
+    # Another folder's run with the same cost settings as "sparse" (its config.json says so) beats
+    # this folder's rough guess: 1 min a round there, times 4 rounds.
+    other = tmp_path / "validation" / "x"
+    other.mkdir(parents=True)
+    summary = {"algorithm": "fedavg", "rounds": 2, "wall_time_s": 120.0, "status": "finished"}
+    (other / "summary.json").write_text(json.dumps(summary))
+    (other / "config.json").write_text(json.dumps(run["sparse"].config_dict()))
+    times = learned(statuses)
+    borrow(times, [tmp_path / "validation"])
+    # Calibration compares alike runs only: "every" (2.5 min a round) is not like the run there.
+    assert times.others_factor() == pytest.approx(1.0)
+    guessed = times.guess(run["sparse"])
+    assert guessed.borrowed and not guessed.rough and guessed.minutes == pytest.approx(4.0)
+    # The same run with other cost settings there is only a rough last resort for "twin"'s kind.
+    (other / "config.json").write_text(json.dumps(run["every"].config_dict() | {"options": {"x": 1}}))
+    times = learned([run_status(r, set()) for r in sweep.runs if r.method == "sparse"])  # nothing finished here
+    borrow(times, [tmp_path / "validation"])
+    guessed = times.guess(run["sparse"])
+    assert guessed.borrowed and guessed.rough and guessed.minutes == pytest.approx(4.0)
+
+
 def test_times_from_a_missing_or_empty_folder_is_an_error(tmp_path):
     path = sweep_file(tmp_path, "[methods.fedavg]\n")
     (tmp_path / "empty").mkdir()

@@ -116,15 +116,16 @@ def execute(
     return outcomes
 
 
-def minutes_cell(state: str, minutes: float | None) -> str:
-    """Measured minutes of a finished run, ``~N`` expected (``~N left`` while running or checkpointed), else ``?``."""
+def minutes_cell(state: str, minutes: float | None, rough: bool = False) -> str:
+    """Measured minutes of a finished run, ``~N`` expected (``~N left`` while running or
+    checkpointed; ``~N?`` when only runs with other cost settings gave it), else ``?``."""
     if state == "stale":
         return ""
     if minutes is None:
         return "?"
     if state == "done":
         return f"{minutes:.1f}"
-    return f"~{minutes:.0f}" + (" left" if state in ("busy", "partial") else "")
+    return f"~{minutes:.0f}" + ("?" if rough else "") + (" left" if state in ("busy", "partial") else "")
 
 
 def plan_table(sweep: Sweep, statuses: list[RunStatus], est: Estimate) -> tuple[Table, list[str]]:
@@ -144,7 +145,7 @@ def plan_table(sweep: Sweep, statuses: list[RunStatus], est: Estimate) -> tuple[
         run = st.run
         table.add_row(
             str(i), escape(run.setting), escape(run.method), str(run.seed), escape(run.config.algorithm),
-            f"[{style[st.state]}]{st.state}[/]", minutes_cell(st.state, est.minutes.get(run.dir)),
+            f"[{style[st.state]}]{st.state}[/]", minutes_cell(st.state, est.minutes.get(run.dir), run.dir in est.rough),
         )
         if st.note:
             notes.append(f"{i} {escape(run.label)}: {escape(st.note)}")

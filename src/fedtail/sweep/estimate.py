@@ -13,9 +13,16 @@ divided by ``jobs`` approximates the wall time left.
 A new sweep (a paper's table after its validation sweep) has no finished run of its own; with
 ``--times-from FOLDER`` the finished runs under other folders are the last resort: a run of the
 same algorithm there, per round, times this run's rounds, times how much longer this sweep's runs
-have taken than those of the same algorithms there (1 until it has finished one: the validation
+have taken than those of the same algorithms, alike, there (1 until it has finished one: the validation
 runs' held-out samples make them a little faster than the test runs). A run with nothing to go by
 has no estimate.
+
+Runs of one algorithm can differ in cost many times over: FedBABU fine-tuning 320 epochs at each
+evaluation does 64 times the fine-tuning work of 5 epochs. So wherever a guess comes
+from runs of the same algorithm (here or in other folders), the runs that also share the
+run's cost-deciding settings (:func:`cost_key`: the algorithm's options, model, local training and
+evaluation schedule) are preferred; a guess only from runs with other such settings is still made
+but counted as rough, and :func:`describe` says how many runs have one.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import fmean, geometric_mean
+from typing import Any, NamedTuple
 
 from fedtail.errors import FedtailError
 from fedtail.sweep.spec import PlannedRun
@@ -39,6 +47,8 @@ class Estimate:
     left: float  # minutes of the unfinished runs that have an estimate
     unknown: int  # unfinished runs without one
     borrowed: int = 0  # unfinished runs estimated only from the runs of other folders (--times-from)
+    # unfinished runs estimated only from runs of their algorithm with other cost_key settings
+    rough: frozenset[Path] = frozenset()
 
     def wall_hours(self, jobs: int) -> float:
         return self.left / 60 / max(jobs, 1)
@@ -72,6 +82,29 @@ def rounds_done(run_dir: Path) -> int:
     return 0
 
 
+def cost_key(config: dict[str, Any]) -> str:
+    """The settings, besides the partition, that decide a run's time per round (``config.json``'s form).
+
+    The algorithm's options (fine-tuning epochs, extra passes), the model, the local training
+    (epochs, steps, batch size) and the evaluation schedule. Seeds, workers and checkpoints
+    are left out: they do not change the work done.
+    """
+    train = config.get("train") or {}
+    picked = {
+        "options": config.get("options"),
+        "model": config.get("model"),
+        "train": {k: train.get(k) for k in ("local_epochs", "local_steps", "batch_size")},
+        "eval": {k: config.get(k) for k in ("eval_every", "eval_final", "eval_global", "eval_split")},
+    }
+    return json.dumps(picked, sort_keys=True, default=str)
+
+
+class Guess(NamedTuple):
+    minutes: float  # expected wall minutes of the whole run
+    borrowed: bool  # only the runs of other folders (--times-from) gave it
+    rough: bool  # only runs of the same algorithm with other cost_key settings gave it
+
+
 class WallTimes:
     """Wall minutes of finished runs and the guess for a run from the runs most like it.
 
@@ -81,27 +114,31 @@ class WallTimes:
     """
 
     def __init__(self) -> None:
-        self.runs: list[tuple[str, str, str, float, int]] = []  # (method, setting, algorithm, minutes, rounds)
-        self.others: list[tuple[str, float]] = []  # runs of other folders: (algorithm, minutes per round)
+        # (method, setting, algorithm, cost_key, minutes, rounds)
+        self.runs: list[tuple[str, str, str, str, float, int]] = []
+        # runs of other folders: (algorithm, cost_key or None when unknown, minutes per round)
+        self.others: list[tuple[str, str | None, float]] = []
         self.lock = threading.Lock()
 
     def add(self, run: PlannedRun, minutes: float) -> None:
+        key = cost_key(run.config_dict())
         with self.lock:
-            self.runs.append((run.method, run.setting, run.config.algorithm, minutes, max(run.config.rounds, 1)))
+            self.runs.append((run.method, run.setting, run.config.algorithm, key, minutes, max(run.config.rounds, 1)))
 
-    def add_other(self, algorithm: str, minutes: float, rounds: int) -> None:
+    def add_other(self, algorithm: str, minutes: float, rounds: int, key: str | None = None) -> None:
         """A finished run of another folder (``--times-from``): the last resort of ``expect``."""
         with self.lock:
-            self.others.append((algorithm, minutes / max(rounds, 1)))
+            self.others.append((algorithm, key, minutes / max(rounds, 1)))
 
     def _mean(self, *, setting: str | None = None, besides: str | None = None, **match: str) -> float | None:
-        """Mean minutes of the runs with these fields, in ``setting`` or in any setting but ``besides``."""
+        """Mean minutes of the runs with these fields (method, algorithm, key), in ``setting`` or in
+        any setting but ``besides``."""
         values = [
             minutes
-            for method, where, algorithm, minutes, _ in self.runs
+            for method, where, algorithm, key, minutes, _ in self.runs
             if (setting is None or where == setting)
             and where != besides
-            and all({"method": method, "algorithm": algorithm}[k] == v for k, v in match.items())
+            and all({"method": method, "algorithm": algorithm, "key": key}[k] == v for k, v in match.items())
         ]
         return fmean(values) if values else None
 
@@ -119,33 +156,49 @@ class WallTimes:
         return geometric_mean(ratios) if ratios else 1.0
 
     def others_factor(self) -> float:
-        """How many times longer this sweep's runs took per round than the other folders' runs.
+        """How many times longer this sweep's runs took per round than the other folders' alike runs.
 
-        The geometric mean over the algorithms timed in both; 1 when none is.
+        The geometric mean over the algorithms timed in both with the same :func:`cost_key` (or
+        one unknown there); 1 when none is.
         """
         ratios = []
-        for algorithm in {a for _, _, a, _, _ in self.runs}:
-            here = [m / rounds for _, _, a, m, rounds in self.runs if a == algorithm]
-            there = [m for a, m in self.others if a == algorithm]
+        for algorithm, key in {(a, k) for _, _, a, k, _, _ in self.runs}:
+            here = [m / rounds for _, _, a, k, m, rounds in self.runs if (a, k) == (algorithm, key)]
+            there = [m for a, k, m in self.others if a == algorithm and k in (None, key)]
             if there and fmean(there) > 0 and fmean(here) > 0:
                 ratios.append(fmean(here) / fmean(there))
         return geometric_mean(ratios) if ratios else 1.0
 
-    def guess(self, run: PlannedRun) -> tuple[float, bool] | None:
-        """Expected wall minutes of the whole run and whether only other folders' runs gave it; None
-        when no finished run is like it."""
+    def guess(self, run: PlannedRun) -> Guess | None:
+        """The expected wall minutes of the whole run and where they come from; None when no
+        finished run is like it.
+
+        Closest first: the method's runs (they share its settings); the algorithm's runs with the
+        same :func:`cost_key`, here, then in other folders; then, roughly, any of the algorithm's runs.
+        """
+        key = cost_key(run.config_dict())
+        algorithm = run.config.algorithm
         with self.lock:
-            for field, value in (("method", run.method), ("algorithm", run.config.algorithm)):
-                here = self._mean(setting=run.setting, **{field: value})
-                if here is not None:
-                    return here, False
-                elsewhere = self._mean(besides=run.setting, **{field: value})
-                if elsewhere is not None:
-                    return elsewhere * self.setting_factor(run.setting), False
-            there = [m for a, m in self.others if a == run.config.algorithm]
+            for match, rough in (({"method": run.method}, False), ({"algorithm": algorithm, "key": key}, False)):
+                if (here := self._here_or_elsewhere(run.setting, **match)) is not None:
+                    return Guess(here, False, rough)
+            there = [(k, m) for a, k, m in self.others if a == algorithm]
+            alike = [m for k, m in there if k is None or k == key]  # unknown settings: no reason to call it rough
+            if alike:
+                return Guess(fmean(alike) * run.config.rounds * self.others_factor(), True, False)
+            if (here := self._here_or_elsewhere(run.setting, algorithm=algorithm)) is not None:
+                return Guess(here, False, True)
             if there:
-                return fmean(there) * run.config.rounds * self.others_factor(), True
+                return Guess(fmean(m for _, m in there) * run.config.rounds * self.others_factor(), True, True)
             return None
+
+    def _here_or_elsewhere(self, setting: str, **match: str) -> float | None:
+        """Mean minutes of the matching runs in ``setting``, else in the others times the setting's factor."""
+        here = self._mean(setting=setting, **match)
+        if here is not None:
+            return here
+        elsewhere = self._mean(besides=setting, **match)
+        return None if elsewhere is None else elsewhere * self.setting_factor(setting)
 
     def expect(self, run: PlannedRun) -> float | None:
         """Expected wall minutes of the whole run, or None when no finished run is like it."""
@@ -175,12 +228,21 @@ def borrow(times: WallTimes, folders: list[Path]) -> int:
             algorithm = summary.get("algorithm")
             if minutes is None or not isinstance(rounds, int) or rounds < 1 or not isinstance(algorithm, str):
                 continue
-            times.add_other(algorithm, minutes, rounds)
+            times.add_other(algorithm, minutes, rounds, other_key(path.parent))
             found += 1
         if not found:
             raise FedtailError(f"--times-from {folder}: no finished run with a wall time (summary.json) under it")
         total += found
     return total
+
+
+def other_key(run_dir: Path) -> str | None:
+    """:func:`cost_key` of a finished run from its ``config.json``; None when that is missing or unreadable."""
+    try:
+        config = json.loads((run_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return cost_key(config) if isinstance(config, dict) else None
 
 
 def measured(statuses: list[RunStatus]) -> dict[Path, float | None]:
@@ -208,7 +270,7 @@ def estimate(
     """
     minutes = measured(statuses)
     times = learned(statuses, minutes) if times is None else times
-    left, unknown, borrowed = 0.0, 0, 0
+    left, unknown, borrowed, rough = 0.0, 0, 0, set()
     for st in statuses:
         if st.state not in ("pending", "partial", "busy") or (selected is not None and st.run.dir not in selected):
             continue
@@ -217,13 +279,15 @@ def estimate(
             minutes[st.run.dir] = None
             unknown += 1
             continue
-        whole, other = guessed
-        borrowed += other
+        whole = guessed.minutes
+        borrowed += guessed.borrowed
+        if guessed.rough:
+            rough.add(st.run.dir)
         done = {"busy": rounds_done(st.run.dir), "partial": st.rounds_done}.get(st.state, 0)
         share = max(0.0, 1 - done / max(st.run.config.rounds, 1))
         minutes[st.run.dir] = whole * share
         left += whole * share
-    return Estimate(minutes, left, unknown, borrowed)
+    return Estimate(minutes, left, unknown, borrowed, frozenset(rough))
 
 
 def describe(est: Estimate, jobs: int) -> str:
@@ -235,6 +299,11 @@ def describe(est: Estimate, jobs: int) -> str:
     text = f"about {est.left / 60:.1f} h of runs left ({est.wall_hours(jobs):.1f} h at {jobs} in parallel)"
     if est.borrowed:
         text += f"; {est.borrowed} run(s) estimated from the runs of --times-from folders"
+    if est.rough:
+        text += (
+            f"; {len(est.rough)} run(s) estimated roughly (~N?), from runs of their algorithm with other options, model, local"
+            " training or evaluation schedule (these can change a run's time many times over)"
+        )
     if est.unknown:
         text += f"; {est.unknown} run(s) not estimated (no finished run of their method or algorithm yet)"
     return text
