@@ -43,9 +43,15 @@ class ReportResult:
     collection: Collection | None = None  # RUN_DIRS mode only
 
 
-def check_out(out: Path) -> None:
+def check_inputs(
+    out: Path, reference_path: Path | None, rounds_to: Sequence[float]
+) -> tuple[list[float], Reference | None]:
+    """The checks every report writer makes before reading runs: the output's name, the accuracy
+    levels and the paper's reference table. Returns the levels and the loaded reference."""
     if out.suffix.lower() != ".md":
         raise FedtailError(f"--out {out}: the report is Markdown; give a file name ending in .md")
+    levels = check_levels(rounds_to) if rounds_to else []
+    return levels, load_reference(reference_path) if reference_path else None
 
 
 def write_report(
@@ -61,9 +67,7 @@ def write_report(
     """Write ``out`` (Markdown) and its PNG figures; raises FedtailError on bad input.
 
     ``rounds_to``: accuracy levels (percent) for a table of the rounds each method needs to reach them."""
-    check_out(out)
-    rounds_to = check_levels(rounds_to) if rounds_to else []
-    reference = load_reference(reference_path) if reference_path else None
+    rounds_to, reference = check_inputs(out, reference_path, rounds_to)
     col = collect(paths)
     if not col.runs and not col.expected:
         raise FedtailError(

@@ -42,10 +42,10 @@ from fedtail.report.blocks import (
     slug,
     warnings_block,
 )
-from fedtail.report.analyses import check_levels, sensitivity_groups
+from fedtail.report.analyses import sensitivity_groups
 from fedtail.report.collect import Collection, Run, load_run, with_named
-from fedtail.report.document import ReportResult, check_out
-from fedtail.report.tables import Reference, costs_table_of, load_reference
+from fedtail.report.document import ReportResult, check_inputs
+from fedtail.report.tables import Reference, costs_table_of
 from fedtail.sweep.spec import Sweep, load_sweep
 from fedtail.sweep.status import run_status
 
@@ -169,14 +169,12 @@ def write_sweep_report(
     """Write ``out`` (Markdown, one section per sweep file) and its PNG figures; FedtailError on bad input.
 
     ``rounds_to``: accuracy levels (percent) for a table of the rounds each method needs to reach them."""
-    check_out(out)
-    rounds_to = check_levels(rounds_to) if rounds_to else []
+    rounds_to, reference = check_inputs(out, reference_path, rounds_to)
     seen: set[Path] = set()
     for f in files:
         if f.resolve() in seen:
             raise FedtailError(f"--sweep {f}: given twice; give each sweep file once")
         seen.add(f.resolve())
-    reference = load_reference(reference_path) if reference_path else None
     warnings: list[str] = []
     cache: dict[Path, Run | None] = {}
     sections = [load_section(f, cache, warnings) for f in files]
