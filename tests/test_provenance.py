@@ -9,7 +9,7 @@ import pytest
 
 from fedtail import provenance
 from fedtail.provenance import code_info, describe_code
-from fedtail.report.blocks import code_line
+from fedtail.report.blocks import code_line, machines_line
 
 needs_git = pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
 
@@ -74,3 +74,26 @@ def test_the_report_counts_runs_per_code():
         "not recorded (finished before fedtail recorded it): 1 run"
     )
     assert code_line([]) == "- Code of the runs: no finished run"
+
+
+def test_the_report_counts_runs_per_machine_and_names_a_run_resumed_elsewhere():
+    def machine(cap):
+        return {"platform": "Linux-1", "cpu": "EPYC", "cpu_capability": cap, "cores": 2, "torch": "2.13.0+cpu"}
+
+    one = {"machine": machine("AVX2"), "pieces": [{"from_round": 1, "cpu_capability": "AVX2"}]}
+    old = {"machine": machine("AVX512")}  # finished before pieces were recorded
+    moved = {
+        "machine": machine("AVX512"),
+        "pieces": [
+            {"from_round": 1, "cpu_capability": "AVX2"},
+            {"from_round": 181, "cpu_capability": "AVX512"},
+        ],
+    }
+    line = machines_line([one, moved, one, old, {}])
+    assert line == (
+        "- Machines of the runs: CPU EPYC (AVX2), 2 cores, torch 2.13.0+cpu: 2 runs; "
+        "CPU EPYC (AVX2, then AVX512), 2 cores, torch 2.13.0+cpu: 1 run; "
+        "CPU EPYC (AVX512), 2 cores, torch 2.13.0+cpu: 1 run; "
+        "not recorded (finished before fedtail recorded it): 1 run"
+    )
+    assert machines_line([]) == "- Machines of the runs: no finished run"

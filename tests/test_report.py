@@ -469,7 +469,8 @@ def test_sweep_sections_follow_their_files_and_share_runs(two_sweeps, tmp_path):
 
     # one header (with the machine sweep.json recorded and this one) and one costs table
     assert text.count("Machine generating this report") == 1 and text.count("## Costs") == 1
-    assert f"Machine of the runs (recorded in `{tmp_path / 'shared' / 'sweep.json'}`): TestOS-1, CPU TestCPU" in text
+    assert f"Machine of the sweep's latest start (recorded in `{tmp_path / 'shared' / 'sweep.json'}`): TestOS-1, CPU TestCPU" in text
+    assert text.count("- Machines of the runs: ") == 1
     costs = text.split("## Costs", 1)[1].split("\n## ")[0]
     assert "| fedavg | s-x | 2 |" in costs and costs.count("| fedavg | s-x |") == 1  # the shared run once
 

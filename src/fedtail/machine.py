@@ -66,3 +66,27 @@ def describe(info: dict[str, Any]) -> str:
             f"torch {info.get('torch', '?')}",
         ]
     )
+
+
+def run_capability(summary: dict[str, Any]) -> str | None:
+    """The vector instructions a finished run ran on, from its ``summary.json`` ("AVX2"; "AVX512,
+    then AVX2" for a run resumed on another machine); None when unknown for any of its pieces."""
+    pieces = summary.get("pieces")
+    if not isinstance(pieces, list) or not pieces:  # a summary from before pieces were recorded
+        machine = summary.get("machine")
+        pieces = [machine] if isinstance(machine, dict) else [{}]
+    found = [p.get("cpu_capability") if isinstance(p, dict) else None for p in pieces]
+    if not all(found):
+        return None
+    return ", then ".join(c for i, c in enumerate(found) if i == 0 or c != found[i - 1])
+
+
+def describe_run_machine(summary: dict[str, Any]) -> str:
+    """A finished run's machine, as far as it decides speed and rounding: CPU model and the
+    instructions of each piece, cores, torch. (The platform string names the kernel build, which
+    changes between otherwise equal machines, so it is left out.)"""
+    info = summary.get("machine")
+    if not isinstance(info, dict):
+        return "not recorded (finished before fedtail recorded it)"
+    cap = run_capability(summary) or "instructions not recorded"
+    return f"CPU {info.get('cpu', '?')} ({cap}), {info.get('cores', '?')} cores, torch {info.get('torch', '?')}"

@@ -33,6 +33,7 @@ import numpy as np  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from fedtail.errors import FedtailError  # noqa: E402
+from fedtail.machine import run_capability  # noqa: E402
 from fedtail.report.collect import Collection, Run  # noqa: E402
 from fedtail.report.tables import DASH, Cell, cell, format_cell, markdown_table  # noqa: E402
 
@@ -544,23 +545,9 @@ def delta_sources(col: Collection, setting: str, delta: float) -> dict[int | Non
     return found
 
 
-def _cpu_capability(run: Run) -> str | None:
-    """The vector instructions a run ran on ("AVX2"; "AVX512, then AVX2" for a run resumed on
-    another machine); None when unknown for any of its pieces."""
-    summary = run.summary or {}
-    pieces = summary.get("pieces")
-    if not isinstance(pieces, list) or not pieces:  # a summary from before pieces were recorded
-        machine = summary.get("machine")
-        pieces = [machine] if isinstance(machine, dict) else [{}]
-    found = [p.get("cpu_capability") if isinstance(p, dict) else None for p in pieces]
-    if not all(found):
-        return None
-    return ", then ".join(c for i, c in enumerate(found) if i == 0 or c != found[i - 1])
-
-
 def _why_apart(a: Run, b: Run) -> str:
     """Why two runs that should be the same up to the CCP's end are not."""
-    ca, cb = _cpu_capability(a), _cpu_capability(b)
+    ca, cb = run_capability(a.summary or {}), run_capability(b.summary or {})
     if ca and cb and (ca != cb or ", then " in ca):
         # PyTorch picks its kernels by the CPU's instruction set, and their float rounding differs
         return (f"the runs were made on CPUs of different capability ({ca} and {cb}), whose floating-point "

@@ -25,7 +25,7 @@ from fedtail.report.analyses import (
     sensitivity_table,
 )
 from fedtail.report.collect import NAMED_SEP, Collection, Run
-from fedtail.machine import describe, machine_info
+from fedtail.machine import describe, describe_run_machine, machine_info
 from fedtail.provenance import describe_code
 from fedtail.report.plots import acmu_records, plot_accuracy_curves, plot_acmu
 from fedtail.report.tables import METRICS, Reference, accuracy_table, has_stage_metrics, incomplete_cells, stage_table
@@ -51,7 +51,8 @@ def header_lines(produced: list[str], report_command: str, sweeps: list[dict[str
         if isinstance(s.get("machine"), dict):
             machines.setdefault(describe(s["machine"]), []).append(f"`{Path(s['root']) / 'sweep.json'}`")
     for text, where in machines.items():
-        md.append(f"- Machine of the runs (recorded in {', '.join(where)}): {text}")
+        # sweep.json holds the machine of the sweep's latest start only; machines_line gives the runs'
+        md.append(f"- Machine of the sweep's latest start (recorded in {', '.join(where)}): {text}")
     md.append(f"- Machine generating this report: {describe(machine_info())}")
     stamps = [s.get(k) for s in sweeps for k in ("started", "updated") if s.get(k)]
     if stamps:
@@ -71,6 +72,19 @@ def code_line(summaries: list[dict[str, Any]]) -> str:
         return "- Code of the runs: no finished run"
     ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
     return "- Code of the runs: " + "; ".join(f"{text}: {n} run{'s' * (n != 1)}" for text, n in ranked)
+
+
+def machines_line(summaries: list[dict[str, Any]]) -> str:
+    """Which machines made the finished runs (``summary.json``'s ``machine`` and ``pieces``), each
+    with its run count: a sweep spread over sessions runs on more than one kind of machine."""
+    counts: dict[str, int] = {}
+    for summary in summaries:
+        key = describe_run_machine(summary)
+        counts[key] = counts.get(key, 0) + 1
+    if not counts:
+        return "- Machines of the runs: no finished run"
+    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    return "- Machines of the runs: " + "; ".join(f"{text}: {n} run{'s' * (n != 1)}" for text, n in ranked)
 
 
 SPLIT_WORDS = {

@@ -20,6 +20,7 @@ from fedtail.report.blocks import (
     ccp_block,
     cells_note,
     code_line,
+    machines_line,
     collection_figures,
     costs_block,
     eval_splits,
@@ -115,6 +116,7 @@ def _markdown(
     md: list[str] = [f"# {title or 'fedtail report'}", "", GENERATED, ""]
     md += header_lines(_produced_by(col, command), report_command, col.sweeps)
     md.append(code_line([r.summary for r in finished if r.summary]))
+    md.append(machines_line([r.summary for r in finished if r.summary]))
     md.append(f"- Run folders searched: {', '.join(f'`{p}`' for p in paths)}")
     md.append(
         f"- Runs: {len(finished)} finished, {len(unfinished)} unfinished; "

@@ -31,6 +31,7 @@ from fedtail.report.blocks import (
     ccp_block,
     cells_note,
     code_line,
+    machines_line,
     collection_figures,
     costs_block,
     eval_splits,
@@ -218,6 +219,7 @@ def _markdown(
     md += header_lines(produced, report_command, records)
     summaries = {r.dir.resolve(): r.summary for sec in sections for r in sec.col.runs if r.finished and r.summary}
     md.append(code_line(list(summaries.values())))
+    md.append(machines_line(list(summaries.values())))
     md.append(f"- Sweep files: {', '.join(f'`{sec.file}`' for sec in sections)} (one section each)")
     md.append(f"- Run folders: {', '.join(f'`{o}`' for o in outs)}")
     md.append(
