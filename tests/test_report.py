@@ -426,7 +426,11 @@ def two_sweeps(tmp_path):
     # sweep.json of the folder: written by whichever sweep ran last; it records the machine
     record = {"file": str(b), "command": f"fedtail sweep {b}", "settings": ["s-x"], "methods": ["variant", "fedavg"],
               "machine": {"platform": "TestOS-1", "cpu": "TestCPU", "cores": 64, "memory_gb": 8, "python": "3.x",
-                          "torch": "9.9"}, "started": "2026-01-01T00:00:00+00:00", "runs": []}  # fmt: skip
+                          "torch": "9.9"}, "started": "2026-01-05T00:00:00+00:00",
+              # runs of earlier invocations keep when they finished
+              "runs": [{"dir": "s-x/fedavg/seed0", "status": "done", "at": "2026-01-02T03:04:05.678+00:00"},
+                       {"dir": "s-x/fedavg/seed1", "status": "done", "at": "2026-01-03T10:00:00+00:00"},
+                       {"dir": "s-x/variant/seed0", "status": "busy", "at": "2026-01-06T00:00:00+00:00"}]}  # fmt: skip
     (out / "sweep.json").write_text(json.dumps(record))
     return a, b
 
@@ -471,6 +475,8 @@ def test_sweep_sections_follow_their_files_and_share_runs(two_sweeps, tmp_path):
     assert text.count("Machine generating this report") == 1 and text.count("## Costs") == 1
     assert f"Machine of the sweep's latest start (recorded in `{tmp_path / 'shared' / 'sweep.json'}`): TestOS-1, CPU TestCPU" in text
     assert text.count("- Machines of the runs: ") == 1
+    assert "- Runs finished: 2026-01-02 03:04 UTC to 2026-01-03 10:00 UTC" in text  # not the busy one
+    assert "- Latest sweep invocation: 2026-01-05 00:00 UTC to 2026-01-05 00:00 UTC" in text
     costs = text.split("## Costs", 1)[1].split("\n## ")[0]
     assert "| fedavg | s-x | 2 |" in costs and costs.count("| fedavg | s-x |") == 1  # the shared run once
 

@@ -8,7 +8,7 @@ here keeps the two documents consistent. Functions return lists of Markdown line
 from __future__ import annotations
 
 import re
-from datetime import date
+from datetime import date, datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -42,6 +42,14 @@ def slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._=+-]+", "_", text).strip("_") or "x"
 
 
+def _minute(stamp: str) -> str:
+    """An ISO time stamp of sweep.json ("2026-11-28T19:53:11.387471+00:00") to the minute, in UTC."""
+    try:
+        return datetime.fromisoformat(stamp).astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    except (TypeError, ValueError):
+        return str(stamp)  # written by hand or by another tool: shown as it is
+
+
 def header_lines(produced: list[str], report_command: str, sweeps: list[dict[str, Any]]) -> list[str]:
     """Commands, machines (the runs', as sweep.json recorded it, and this one's), times, date."""
     md = ["- Runs produced by: " + "; ".join(produced), f"- Report command: `{report_command}`"]
@@ -54,9 +62,18 @@ def header_lines(produced: list[str], report_command: str, sweeps: list[dict[str
         # sweep.json holds the machine of the sweep's latest start only; machines_line gives the runs'
         md.append(f"- Machine of the sweep's latest start (recorded in {', '.join(where)}): {text}")
     md.append(f"- Machine generating this report: {describe(machine_info())}")
+    # each run's entry keeps when it finished; the file's own stamps are its latest invocation's
+    done = [
+        r["at"]
+        for s in sweeps
+        for r in s.get("runs", [])
+        if isinstance(r, dict) and r.get("status") == "done" and isinstance(r.get("at"), str)
+    ]
+    if done:
+        md.append(f"- Runs finished: {_minute(min(done))} to {_minute(max(done))} (sweep.json → each run's `at`)")
     stamps = [s.get(k) for s in sweeps for k in ("started", "updated") if s.get(k)]
     if stamps:
-        md.append(f"- Sweep activity: {min(stamps)} to {max(stamps)}")
+        md.append(f"- Latest sweep invocation: {_minute(min(stamps))} to {_minute(max(stamps))}")
     md.append(f"- Date: {date.today().isoformat()}")
     return md
 
