@@ -603,6 +603,39 @@ def test_runs_that_all_lack_an_estimate_are_not_described_as_zero_hours():
     assert describe(Estimate(minutes={}, left=0.0, unknown=0), 2) == "nothing left to run"
 
 
+def test_times_from_another_instruction_set_are_scaled_to_this_machine(tmp_path):
+    def ran_on(run, minutes, *caps):
+        finished_in(run, minutes)
+        summary = json.loads((run.dir / "summary.json").read_text())
+        pieces = [{"from_round": 1 + i, "cpu_capability": c} for i, c in enumerate(caps)]
+        (run.dir / "summary.json").write_text(json.dumps(summary | {"pieces": pieces}))
+
+    body = '[methods.fedavg]\n[methods.prox]\nalgorithm = "fedprox"\n'
+    sweep = load_sweep(sweep_file(tmp_path, body, seeds="[0, 1, 2, 3]"))
+    run = {r.label: r for r in sweep.runs}
+    ran_on(run["default/fedavg/seed0"], 20, "AVX2")
+    ran_on(run["default/fedavg/seed1"], 10, "AVX512")  # the same work took half as long with AVX-512
+    ran_on(run["default/prox/seed0"], 30, "AVX2")  # FedProx only ever timed on AVX2
+    statuses = [run_status(r, set()) for r in sweep.runs]
+
+    on_512 = learned(statuses, capability="AVX512")
+    assert on_512.expect(run["default/fedavg/seed2"]) == pytest.approx(10)  # (20 / 2 + 10) / 2
+    assert on_512.expect(run["default/prox/seed1"]) == pytest.approx(15)  # AVX2's 30, at FedAvg's ratio
+    on_2 = learned(statuses, capability="AVX2")
+    assert on_2.expect(run["default/fedavg/seed2"]) == pytest.approx(20)
+    assert on_2.expect(run["default/prox/seed1"]) == pytest.approx(30)
+    unpaired = learned(statuses, capability="VSX")  # nothing timed here: the minutes as they are
+    assert unpaired.expect(run["default/fedavg/seed2"]) == pytest.approx(15)
+
+    # a run in pieces on both sets is taken as it is, and sets no ratio
+    ran_on(run["default/prox/seed1"], 100, "AVX2", "AVX512")
+    statuses = [run_status(r, set()) for r in sweep.runs]
+    assert learned(statuses, capability="AVX512").expect(run["default/prox/seed2"]) == pytest.approx((15 + 100) / 2)
+    assert estimate(statuses, times=learned(statuses, capability="AVX512")).minutes[
+        run["default/fedavg/seed0"].dir
+    ] == pytest.approx(20)  # a finished run's own time stays measured
+
+
 def test_a_setting_factor_scales_guesses_from_other_settings(tmp_path):
     body = "".join(f"[settings.{name}]\npartition = {{ alpha = {a} }}\n" for name, a in [("a", 0.5), ("b", 1.0), ("c", 2.0)])
     body += '[methods.fedavg]\n[methods.slow]\nalgorithm = "fedavg"\n[methods.other]\nalgorithm = "fedavg"\n'

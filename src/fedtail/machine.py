@@ -40,7 +40,7 @@ def machine_info() -> dict[str, Any]:
         import torch
 
         torch_version = torch.__version__
-        capability = torch.backends.cpu.get_cpu_capability()  # e.g. "AVX2", "AVX512"
+        capability = current_capability()  # e.g. "AVX2", "AVX512"
     except ImportError:  # pragma: no cover - torch is a dependency
         torch_version = capability = None
     return {
@@ -66,6 +66,15 @@ def describe(info: dict[str, Any]) -> str:
             f"torch {info.get('torch', '?')}",
         ]
     )
+
+
+def current_capability() -> str | None:
+    """The vector instructions torch dispatches to on this machine ("AVX2", "AVX512"), or None."""
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is a dependency
+        return None
+    return torch.backends.cpu.get_cpu_capability()
 
 
 def run_capability(summary: dict[str, Any]) -> str | None:

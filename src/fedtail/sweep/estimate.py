@@ -17,6 +17,12 @@ have taken than those of the same algorithms, alike, there (1 until it has finis
 runs' held-out samples make them a little faster than the test runs). A run with nothing to go by
 has no estimate.
 
+One machine kind can come with and without AVX-512, and convolution-heavy runs take up to twice
+as long without it (``fedtail.machine``). So each finished run's minutes are scaled to this
+machine's instruction set by how much longer the runs of the same algorithm and settings took on
+the run's set than here, where both have been timed; a run whose set is unknown, or that ran in
+pieces on different sets, or whose set has no such pair yet, counts as it is.
+
 Runs of one algorithm can differ in cost many times over: FedBABU fine-tuning 320 epochs at each
 evaluation does 64 times the fine-tuning work of 5 epochs. So wherever a guess comes
 from runs of the same algorithm (here or in other folders), the runs that also share the
@@ -35,6 +41,7 @@ from statistics import fmean, geometric_mean
 from typing import Any, NamedTuple
 
 from fedtail.errors import FedtailError
+from fedtail.machine import current_capability, run_capability
 from fedtail.sweep.spec import PlannedRun
 from fedtail.sweep.status import RunStatus
 
@@ -54,13 +61,27 @@ class Estimate:
         return self.left / 60 / max(jobs, 1)
 
 
+class Timed(NamedTuple):
+    minutes: float | None  # wall minutes of the whole run
+    capability: str | None  # the instruction set it ran on ("AVX2, then AVX512": pieces on two)
+
+
+def timed(run_dir: Path) -> Timed:
+    """A finished run's wall time and instruction set from its ``summary.json`` (None where unknown)."""
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return Timed(None, None)
+    if not isinstance(summary, dict):
+        return Timed(None, None)
+    value = summary.get("wall_time_s")
+    minutes = value / 60 if isinstance(value, (int, float)) and value >= 0 else None
+    return Timed(minutes, run_capability(summary))
+
+
 def wall_minutes(run_dir: Path) -> float | None:
     """A finished run's wall time from its ``summary.json``, or None."""
-    try:
-        value = json.loads((run_dir / "summary.json").read_text()).get("wall_time_s")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return value / 60 if isinstance(value, (int, float)) and value >= 0 else None
+    return timed(run_dir).minutes
 
 
 def rounds_done(run_dir: Path) -> int:
@@ -113,17 +134,40 @@ class WallTimes:
     finishes, so its guesses for the later runs improve as it goes.
     """
 
-    def __init__(self) -> None:
-        # (method, setting, algorithm, cost_key, minutes, rounds)
-        self.runs: list[tuple[str, str, str, str, float, int]] = []
+    def __init__(self, capability: str | None = None) -> None:
+        # (method, setting, algorithm, cost_key, minutes, rounds, instruction set or None)
+        self.runs: list[tuple[str, str, str, str, float, int, str | None]] = []
         # runs of other folders: (algorithm, cost_key or None when unknown, minutes per round)
         self.others: list[tuple[str, str | None, float]] = []
+        self.here = capability if capability is not None else current_capability()
         self.lock = threading.Lock()
 
-    def add(self, run: PlannedRun, minutes: float) -> None:
+    def add(self, run: PlannedRun, minutes: float, capability: str | None = None) -> None:
+        """A finished run; ``capability``: the instruction set it ran on (None: unknown)."""
         key = cost_key(run.config_dict())
         with self.lock:
-            self.runs.append((run.method, run.setting, run.config.algorithm, key, minutes, max(run.config.rounds, 1)))
+            self.runs.append(
+                (run.method, run.setting, run.config.algorithm, key, minutes, max(run.config.rounds, 1), capability)
+            )
+
+    def _speed_factors(self) -> dict[str, float]:
+        """Per other instruction set, how many times longer runs took there than here: the geometric
+        mean over the (algorithm, cost_key) pairs timed on both, per round."""
+        per_round: dict[tuple[str, str, str], list[float]] = {}
+        for _, _, algorithm, key, minutes, rounds, cap in self.runs:
+            if cap is not None and ", then " not in cap:
+                per_round.setdefault((algorithm, key, cap), []).append(minutes / rounds)
+        ratios: dict[str, list[float]] = {}
+        for (algorithm, key, cap), there in per_round.items():
+            here = per_round.get((algorithm, key, self.here)) if self.here else None
+            if cap != self.here and here and fmean(here) > 0 and fmean(there) > 0:
+                ratios.setdefault(cap, []).append(fmean(there) / fmean(here))
+        return {cap: geometric_mean(r) for cap, r in ratios.items()}
+
+    def _scaled(self) -> list[tuple[str, str, str, str, float, int]]:
+        """The runs with their minutes as this machine would take them, where that is known."""
+        factors = self._speed_factors()
+        return [(m, s, a, k, minutes / factors.get(cap or "", 1.0), r) for m, s, a, k, minutes, r, cap in self.runs]
 
     def add_other(self, algorithm: str, minutes: float, rounds: int, key: str | None = None) -> None:
         """A finished run of another folder (``--times-from``): the last resort of ``expect``."""
@@ -135,7 +179,7 @@ class WallTimes:
         any setting but ``besides``."""
         values = [
             minutes
-            for method, where, algorithm, key, minutes, _ in self.runs
+            for method, where, algorithm, key, minutes, _ in self._scaled()
             if (setting is None or where == setting)
             and where != besides
             and all({"method": method, "algorithm": algorithm, "key": key}[k] == v for k, v in match.items())
@@ -162,8 +206,9 @@ class WallTimes:
         one unknown there); 1 when none is.
         """
         ratios = []
-        for algorithm, key in {(a, k) for _, _, a, k, _, _ in self.runs}:
-            here = [m / rounds for _, _, a, k, m, rounds in self.runs if (a, k) == (algorithm, key)]
+        scaled = self._scaled()
+        for algorithm, key in {(a, k) for _, _, a, k, _, _ in scaled}:
+            here = [m / rounds for _, _, a, k, m, rounds in scaled if (a, k) == (algorithm, key)]
             there = [m for a, k, m in self.others if a == algorithm and k in (None, key)]
             if there and fmean(there) > 0 and fmean(here) > 0:
                 ratios.append(fmean(here) / fmean(there))
@@ -245,18 +290,22 @@ def other_key(run_dir: Path) -> str | None:
     return cost_key(config) if isinstance(config, dict) else None
 
 
-def measured(statuses: list[RunStatus]) -> dict[Path, float | None]:
-    """The wall minutes of the finished runs among ``statuses`` (None where not recorded)."""
-    return {st.run.dir: wall_minutes(st.run.dir) for st in statuses if st.state == "done"}
+def measured(statuses: list[RunStatus]) -> dict[Path, Timed]:
+    """The wall minutes and instruction sets of the finished runs among ``statuses``."""
+    return {st.run.dir: timed(st.run.dir) for st in statuses if st.state == "done"}
 
 
-def learned(statuses: list[RunStatus], minutes: dict[Path, float | None] | None = None) -> WallTimes:
-    """The wall times of the finished runs among ``statuses`` (``minutes``: already read)."""
-    minutes = measured(statuses) if minutes is None else minutes
-    times = WallTimes()
+def learned(
+    statuses: list[RunStatus], found: dict[Path, Timed] | None = None, capability: str | None = None
+) -> WallTimes:
+    """The wall times of the finished runs among ``statuses`` (``found``: already read), to be
+    scaled to ``capability`` (default: this machine's instruction set)."""
+    found = measured(statuses) if found is None else found
+    times = WallTimes(capability)
     for st in statuses:
-        if minutes.get(st.run.dir) is not None:
-            times.add(st.run, minutes[st.run.dir])
+        t = found.get(st.run.dir)
+        if t is not None and t.minutes is not None:
+            times.add(st.run, t.minutes, t.capability)
     return times
 
 
@@ -268,8 +317,9 @@ def estimate(
     The guesses come from ``times``, by default the finished runs among ``statuses``; only the
     ``selected`` unfinished runs (all by default) count towards the time left.
     """
-    minutes = measured(statuses)
-    times = learned(statuses, minutes) if times is None else times
+    found = measured(statuses)
+    times = learned(statuses, found) if times is None else times
+    minutes: dict[Path, float | None] = {d: t.minutes for d, t in found.items()}
     left, unknown, borrowed, rough = 0.0, 0, 0, set()
     for st in statuses:
         if st.state not in ("pending", "partial", "busy") or (selected is not None and st.run.dir not in selected):

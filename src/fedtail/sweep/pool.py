@@ -113,7 +113,7 @@ class Runner:
                 return RunOutcome(run, False, 0.0, skipped=f"{st.state} when its turn came: {st.note}")
             outcome = self._execute(run, resume=st.state == "partial")
             if outcome.ok:
-                self.times.add(run, outcome.minutes)
+                self.times.add(run, outcome.minutes, self.times.here)  # it ran on this machine
             return outcome
         finally:
             claim.release()
