@@ -140,6 +140,7 @@ class WallTimes:
         # runs of other folders: (algorithm, cost_key or None when unknown, minutes per round)
         self.others: list[tuple[str, str | None, float]] = []
         self.here = capability if capability is not None else current_capability()
+        self._scaled_runs: list[tuple[str, str, str, str, float, int]] | None = None  # of the runs added so far
         self.lock = threading.Lock()
 
     def add(self, run: PlannedRun, minutes: float, capability: str | None = None) -> None:
@@ -149,6 +150,7 @@ class WallTimes:
             self.runs.append(
                 (run.method, run.setting, run.config.algorithm, key, minutes, max(run.config.rounds, 1), capability)
             )
+            self._scaled_runs = None
 
     def _speed_factors(self) -> dict[str, float]:
         """Per other instruction set, how many times longer runs took there than here: the geometric
@@ -166,8 +168,12 @@ class WallTimes:
 
     def _scaled(self) -> list[tuple[str, str, str, str, float, int]]:
         """The runs with their minutes as this machine would take them, where that is known."""
-        factors = self._speed_factors()
-        return [(m, s, a, k, minutes / factors.get(cap or "", 1.0), r) for m, s, a, k, minutes, r, cap in self.runs]
+        if self._scaled_runs is None:
+            factors = self._speed_factors()
+            self._scaled_runs = [
+                (m, s, a, k, minutes / factors.get(cap or "", 1.0), r) for m, s, a, k, minutes, r, cap in self.runs
+            ]
+        return self._scaled_runs
 
     def add_other(self, algorithm: str, minutes: float, rounds: int, key: str | None = None) -> None:
         """A finished run of another folder (``--times-from``): the last resort of ``expect``."""
