@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from fedtail.errors import ConfigError
+from fedtail.machine import run_capability
 from fedtail.report.collect import Collection, Run
 
 DASH = "—"
@@ -302,7 +303,7 @@ def costs_table_of(groups: list[tuple[str, str, list[Run]]]) -> str:
     sweeps plan is costed once.
     """
     header = ["method", "setting", "runs", "wall min / run", "server s / run", "MB up / round", "MB down / round",
-              "MB edge→server / round"]  # fmt: skip
+              "MB edge→server / round", "CPU"]  # fmt: skip
     rows = []
     total_min, total_runs = 0.0, 0
     for m, s, runs in groups:
@@ -329,12 +330,25 @@ def costs_table_of(groups: list[tuple[str, str, list[Run]]]) -> str:
         rows.append(
             [m, s, str(len(runs)), fmt(_mean(wall), 2), fmt(_mean(server), 1)]
             + [fmt(_mean(per_round[k]), 3) for k in ("up", "down", "edge_up")]
+            + [_cpus(runs)]
         )
     if not rows:
         return "_No finished runs._"
-    table = markdown_table(header, rows, ["l", "l", "r", "r", "r", "r", "r", "r"])
+    table = markdown_table(header, rows, ["l", "l", "r", "r", "r", "r", "r", "r", "l"])
     # the sum a compute budget is checked against (runs sharing the cores each count their own wall time)
     return table + f"\n\nIn total {total_runs} timed runs, {total_min / 60:.1f} h of wall time (the sum over runs)."
+
+
+def _cpus(runs: list[Run]) -> str:
+    """The instruction sets the runs ran on, with counts ("AVX2 ×2, AVX512"): wall times compare
+    only between runs of one set (the same work takes up to twice as long without AVX-512)."""
+    counts: dict[str, int] = {}
+    for run in runs:
+        cap = run_capability(run.summary or {}) or "?"
+        counts[cap] = counts.get(cap, 0) + 1
+    if set(counts) == {"?"}:
+        return DASH
+    return ", ".join(cap if n == 1 else f"{cap} ×{n}" for cap, n in sorted(counts.items()))
 
 
 def incomplete_cells(col: Collection) -> list[str]:
