@@ -406,3 +406,33 @@ def test_table3_rows_take_each_deltas_numbers_from_the_run_it_equals(tmp_path):
     summary_path.write_text(json.dumps(summary | {"pieces": pieces}))
     assert invoke("report", root, "--out", md).exit_code == 0
     assert "CPUs of different capability" not in md.read_text()
+
+
+def test_the_delta_curve_compares_every_delta_on_the_seeds_of_table3s_rows(tmp_path):
+    root = tmp_path / "runs"
+    ratios = {0: [1.0, 0.95, 0.6, 0.35, 0.2, 0.25], 1: [1.0, 0.5, 0.4, 0.25, 0.05, 0.3]}
+    for seed, qs in ratios.items():
+        log = {r: [{"round": r, "fedrema": {"ccp": True, "ccp_rounds": r, "ratio": q, "ended": False}}]
+               for r, q in enumerate(qs, 1)}  # fmt: skip
+        curve_run(root / "s" / "fedrema-no-ccp" / f"seed{seed}", [0.5] * 6, seed=seed, algorithm="fedrema",
+                  options={"ccp": False}, rounds_log=log)  # fmt: skip
+    # CCP ends, seed 0 / 1: δ 0.3 in rounds 5 / 4, δ 0.5 in 4 / 3, δ 0.7 in 3 / 2, δ 0.9 in 3 / 2
+    made = {("fedrema", 0): (4, 0.70), ("fedrema", 1): (3, 0.72), ("fedrema-delta0.3", 0): (5, 0.60),
+            ("fedrema-delta0.3", 1): (4, 0.62), ("fedrema-delta0.7", 0): (3, 0.80), ("fedrema-delta0.9", 1): (2, 0.90)}  # fmt: skip
+    for (method, seed), (end, final) in made.items():
+        delta = {"fedrema": {}, "fedrema-delta0.3": {"delta": 0.3}, "fedrema-delta0.7": {"delta": 0.7},
+                 "fedrema-delta0.9": {"delta": 0.9}}[method]  # fmt: skip
+        curve_run(root / "s" / method / f"seed{seed}", [0.5] * 5 + [final], seed=seed, algorithm="fedrema",
+                  options=delta, rounds_log=ccp_log(end, 6))  # fmt: skip
+    md = tmp_path / "R.md"
+    res = invoke("report", root, "--out", md)
+    assert res.exit_code == 0, res.output
+    text = md.read_text()
+    # δ 0.7's seed 1 is δ 0.9's run and δ 0.9's seed 0 is δ 0.7's (their CCPs end in the same
+    # rounds), so both points hold two seeds: (80 + 90) / 2, not one seed's 80 and 90
+    assert "| fedrema: delta | 0.7 | fedrema-delta0.7 (seed 1: = fedrema-delta0.9) | 85.00 ± 7.07 (2 seeds) |" in text
+    assert "| fedrema: delta | 0.9 | fedrema-delta0.9 (seed 0: = fedrema-delta0.7) | 85.00 ± 7.07 (2 seeds) |" in text
+    assert "| fedrema: delta | 0.3 | fedrema-delta0.3 | 61.00 ± 1.41 (2 seeds) |" in text
+    assert "takes that seed's numbers from the other method's run" in text
+    # the verdict ranks the same cells: 0.7 and 0.9 tie at the top, 0.9 the grid's upper edge
+    assert "best delta = 0.7 = 0.9" in text

@@ -158,6 +158,33 @@ def diverged_values(col: Collection, g: Sensitivity, setting: str) -> list[float
     return sorted(x for m, x in g.points.items() if col.diverged(setting, m) and not col.finished(setting, m))
 
 
+def curve_runs(col: Collection, g: Sensitivity, setting: str, method: str) -> list[Run]:
+    """The finished runs behind one point of curve ``g``: the method's own, except on FedReMa's δ
+    curve where runs with MDS every round exist. There each seed's point is the run that stands for
+    that δ in Table 3's rows (:func:`delta_sources`: its own run, another δ's whose CCP ended in the
+    same round, or the MDS-every-round run where it does not end), so every δ is compared on the same
+    seeds, as the table beside it does."""
+    if g.algorithm == "fedrema" and g.option == "delta":
+        sources = delta_sources(col, setting, g.points[method])
+        if sources:
+            return [src.run for _, src in sorted(sources.items(), key=lambda kv: (kv[0] is None, kv[0])) if src.run]
+    return col.finished(setting, method)
+
+
+def has_stand_ins(col: Collection, groups: list[Sensitivity]) -> bool:
+    """Whether any point of the curves takes a seed's run from another method (:func:`curve_runs`)."""
+    return any(r.method != m for g in groups for m in g.points for s in col.settings for r in curve_runs(col, g, s, m))
+
+
+def _point_label(col: Collection, g: Sensitivity, method: str) -> str:
+    """``method``, and which of its point's runs (:func:`curve_runs`) were made as another method:
+    "fedrema-delta0.9 (seed 0: = fedrema-delta0.7)"; the setting is named when there are several."""
+    where = (lambda s: f" ({s})") if len(col.settings) > 1 else (lambda s: "")
+    others = [f"seed {r.seed}{where(s)}: = {r.method}" for s in col.settings for r in curve_runs(col, g, s, method)
+              if r.method != method]  # fmt: skip
+    return f"{method} ({'; '.join(others)})" if others else method
+
+
 def _option_bounds(algorithm_name: str, option: str) -> tuple[float | None, float | None]:
     """The inclusive bounds the algorithm's config declares for ``option`` (``Field(ge=..., le=...)``);
     None where it declares none or the algorithm cannot be loaded."""
@@ -187,7 +214,7 @@ def grid_verdicts(col: Collection, groups: list[Sensitivity]) -> list[str]:
     for g in groups:
         low, high = _option_bounds(g.algorithm, g.option)
         for s in col.settings:
-            runs = {m: r for m in g.points if (r := col.finished(s, m))}
+            runs = {m: r for m in g.points if (r := curve_runs(col, g, s, m))}
             diverged = diverged_values(col, g, s)
             found = {}  # metric -> (best values, top accuracy, where, runner-up gap)
             for which in ("last10", "final"):
@@ -254,7 +281,7 @@ def plot_sensitivity(col: Collection, groups: list[Sensitivity], path: Path, whi
             xs, mean, low, high = [], [], [], []
             for m, x in sorted(g.points.items(), key=lambda kv: kv[1]):
                 vals = [
-                    float(v) for r in col.finished(s, m)
+                    float(v) for r in curve_runs(col, g, s, m)
                     if isinstance(v := ((r.summary or {}).get(which) or {}).get("personalized_acc"), (int, float))
                 ]  # fmt: skip
                 if vals:
@@ -280,8 +307,9 @@ def plot_sensitivity(col: Collection, groups: list[Sensitivity], path: Path, whi
     if not drawn:
         plt.close(fig)
         return False
-    fig.suptitle("Sensitivity: accuracy against one option, the rest fixed (mean over seeds, bars = min–max)", fontsize=10)
-    fig.tight_layout(rect=(0, 0, 1, 0.95))
+    # two lines: one subplot's width does not hold the title on one
+    fig.suptitle("Sensitivity: accuracy against one option, the rest fixed\n(mean over seeds, bars = min–max)", fontsize=10)
+    fig.tight_layout(rect=(0, 0, 1, 0.92))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
     plt.close(fig)
@@ -295,10 +323,11 @@ def sensitivity_table(col: Collection, groups: list[Sensitivity]) -> str:
     from fedtail.report.tables import cell_text
 
     metrics = ["final"]
-    if any(cell(col.finished(s, m), "last10").n for g in groups for m in g.points for s in col.settings):
+    if any(cell(curve_runs(col, g, s, m), "last10").n for g in groups for m in g.points for s in col.settings):
         metrics.append("last10")
     rows = [
-        [g.title, f"{x:g}", m] + [cell_text(col, s, m, w) for s in col.settings for w in metrics]
+        [g.title, f"{x:g}", _point_label(col, g, m)]
+        + [cell_text(col, s, m, w, runs=curve_runs(col, g, s, m)) for s in col.settings for w in metrics]
         for g in groups
         for m, x in sorted(g.points.items(), key=lambda kv: kv[1])
     ]

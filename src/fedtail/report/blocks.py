@@ -19,6 +19,7 @@ from fedtail.report.analyses import (
     check_levels,
     delta_table,
     grid_verdicts,
+    has_stand_ins,
     plot_cluster_counts,
     plot_sensitivity,
     rounds_to_table,
@@ -374,7 +375,11 @@ def sensitivity_block(col: Collection, groups: list[Sensitivity], level: int = 2
         "",
         "Methods of one algorithm whose runs differ only in one numeric option, by the option's value: "
         "final-round personalised accuracy (%), as in the tables above, and, where the runs have it, the mean "
-        "of the last 10 evaluated rounds (the two metrics validation rules use).",
+        "of the last 10 evaluated rounds (the two metrics validation rules use)."
+        + (" A method followed by “seed k: = other” takes that seed's numbers from the other method's run, "
+           "the same computation (FedReMa's δ whose CCP ends in the same round as another δ's, or never "
+           "within the run: Table 3's rows), so that every value is compared on the same seeds."
+           if has_stand_ins(col, groups) else ""),  # fmt: skip
         "",
         sensitivity_table(col, groups),
         "",

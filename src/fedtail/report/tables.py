@@ -76,9 +76,13 @@ def format_cell(c: Cell, show_rounds: bool = False) -> str:
     return text
 
 
-def cell_text(col: Collection, setting: str, method: str, which: str, key: str = "personalized_acc") -> str:
-    """The table cell of (setting, method): the finished seeds' statistic, and the diverged runs."""
-    text = format_cell(cell(col.finished(setting, method), which, key), show_rounds=which == "best" and key == "personalized_acc")
+def cell_text(
+    col: Collection, setting: str, method: str, which: str, key: str = "personalized_acc", runs: list[Run] | None = None
+) -> str:
+    """The table cell of (setting, method): the finished seeds' statistic (of ``runs`` where given,
+    runs that stand for the method's), and the diverged runs."""
+    runs = col.finished(setting, method) if runs is None else runs
+    text = format_cell(cell(runs, which, key), show_rounds=which == "best" and key == "personalized_acc")
     rounds = sorted(r.diverged for r in col.diverged(setting, method))
     if not rounds:
         return text
