@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 from conftest import tiny_config
@@ -12,9 +13,11 @@ from helpers import invoke
 from test_report import make_run, table
 
 
-def curve_run(folder: Path, accs: list[float], *, seed: int = 0, algorithm: str = "fedprox", options=None, rounds_log=None):
-    """A finished run whose evaluated rounds 1..n have the accuracies ``accs``."""
+def curve_run(folder: Path, accs: list[float], *, seed: int = 0, algorithm: str = "fedprox", options=None, rounds_log=None,
+              eval_split: str = "test"):  # fmt: skip
+    """A finished run whose evaluated rounds 1..n have the accuracies ``accs``, on ``eval_split``."""
     config = tiny_config(seed=seed, algorithm=algorithm, rounds=len(accs), options=options or {}).model_dump(mode="json")
+    config["eval_split"] = eval_split
     make_run(folder, seed=seed, final=accs[-1], best=max(accs), best_round=1 + accs.index(max(accs)),
              rounds=len(accs), algorithm=algorithm, config=config, rounds_log=rounds_log)  # fmt: skip
     rows = [{"round": r, "personalized_acc": a, "rounds_log": (rounds_log or {}).get(r, [{"round": r}])}
@@ -123,7 +126,7 @@ def test_the_best_value_of_a_curve_and_whether_it_sits_at_the_grids_edge(tmp_pat
     for mu, acc in finals.items():
         for seed in (0, 1):
             folder = root / "s" / f"mu{mu:g}" / f"seed{seed}"
-            curve_run(folder, [0.5, acc], seed=seed, options={"mu": mu})
+            curve_run(folder, [0.5, acc], seed=seed, options={"mu": mu}, eval_split="val")
             _set_last10(folder, last10[mu] + (0.01 if seed else -0.01))
     col = collect([root])
     lines = grid_verdicts(col, sensitivity_groups(col))
@@ -151,18 +154,29 @@ def test_the_best_value_of_a_curve_and_whether_it_sits_at_the_grids_edge(tmp_pat
     # at the bound FedProx declares for mu (ge=0) the grid cannot extend
     for seed in (0, 1):
         folder = root / "s" / "mu0" / f"seed{seed}"
-        curve_run(folder, [0.5, 0.9], seed=seed, options={"mu": 0.0})
+        curve_run(folder, [0.5, 0.9], seed=seed, options={"mu": 0.0}, eval_split="val")
         _set_last10(folder, 0.97)
     col = collect([root])
     assert grid_verdicts(col, sensitivity_groups(col)) == [
         "- fedprox: mu, s: best mu = 0 (last-10 mean 97.00 %; next 0.01, 2.00 points lower; final round 90.00 %; "
         "next 0.1, 4.00 points lower), at the option's lower bound (0): the grid cannot extend."
     ]
+    # the same curve evaluated on test data: the edge is named without advice to extend the grid
+    shutil.rmtree(root / "s" / "mu0")
+    configs = sorted(root.glob("s/*/seed*/config.json"))
+    assert len(configs) == 6
+    for path in configs:
+        path.write_text(json.dumps(json.loads(path.read_text()) | {"eval_split": "test"}))
+    col = collect([root])
+    assert grid_verdicts(col, sensitivity_groups(col))[0].startswith(
+        "- fedprox: mu, s: by the last-10 mean, best mu = 0.01 (95.00 %; next 1, 12.00 points lower), at the grid's lower "
+        "edge (test data: values are chosen on validation data, not here); "
+    )
 
 
 def diverged_run(folder: Path, *, seed: int = 0, options=None, round_: int = 2) -> None:
     """A run the engine stopped as diverged: its config, one evaluated round and a diverged summary."""
-    curve_run(folder, [0.3, 0.3], seed=seed, options=options)  # the same rounds as the curve's runs
+    curve_run(folder, [0.3, 0.3], seed=seed, options=options, eval_split="val")  # the same rounds as the curve's runs
     summary = {"algorithm": "fedprox", "seed": seed, "status": "diverged",
                "diverged": {"round": round_, "cause": "client 1: non-finite train_loss reported"}}  # fmt: skip
     (folder / "summary.json").write_text(json.dumps(summary))
@@ -173,7 +187,7 @@ def test_a_diverged_value_closes_the_grid_on_its_side(tmp_path):
 
     root = tmp_path / "runs"
     for mu, acc in {0.1: 0.80, 1.0: 0.84, 10.0: 0.86}.items():
-        curve_run(root / "s" / f"mu{mu:g}" / "seed0", [0.5, acc], options={"mu": mu})
+        curve_run(root / "s" / f"mu{mu:g}" / "seed0", [0.5, acc], options={"mu": mu}, eval_split="val")
         _set_last10(root / "s" / f"mu{mu:g}" / "seed0", acc)
     col = collect([root])
     assert grid_verdicts(col, sensitivity_groups(col))[0].endswith("at the grid's upper edge: extend the grid above it, if the option allows.")
@@ -202,7 +216,7 @@ def test_a_diverged_value_closes_the_grid_on_its_side(tmp_path):
 def test_no_sensitivity_curve_from_two_points(tmp_path):
     root = tmp_path / "runs"
     for mu in (0.01, 0.1):
-        curve_run(root / "s" / f"mu{mu}" / "seed0", [0.5, 0.8], options={"mu": mu})
+        curve_run(root / "s" / f"mu{mu}" / "seed0", [0.5, 0.8], options={"mu": mu}, eval_split="val")
     assert sensitivity_groups(collect([root])) == []
     md = tmp_path / "R.md"
     assert invoke("report", root, "--out", md).exit_code == 0
@@ -436,3 +450,6 @@ def test_the_delta_curve_compares_every_delta_on_the_seeds_of_table3s_rows(tmp_p
     assert "takes that seed's numbers from the other method's run" in text
     # the verdict ranks the same cells: 0.7 and 0.9 tie at the top, 0.9 the grid's upper edge
     assert "best delta = 0.7 = 0.9" in text
+    # test data: the edge is named, but no grid is to be widened after a look at test accuracy
+    assert "at the grid's upper edge (test data: values are chosen on validation data, not here)." in text
+    assert "extend the grid" not in text

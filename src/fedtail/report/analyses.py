@@ -209,12 +209,18 @@ def grid_verdicts(col: Collection, groups: list[Sensitivity]) -> list[str]:
     the grid (inside, or at an edge: a grid to extend before the value is used), by the mean over
     seeds of the last-10 mean (``summary.json`` → ``last10``) and of the final round, the two
     metrics validation rules use; a metric some run lacks is left out. Values whose runs all
-    diverged are named; one beyond the best value's edge closes the grid on that side."""
+    diverged are named; one beyond the best value's edge closes the grid on that side. A curve
+    measured on test data names an edge without advising to extend the grid: values are chosen
+    on validation data, and a grid widened after a look at test accuracy tunes on the test set."""
     lines = []
     for g in groups:
         low, high = _option_bounds(g.algorithm, g.option)
         for s in col.settings:
             runs = {m: r for m in g.points if (r := curve_runs(col, g, s, m))}
+            on_test = any((r.config or {}).get("eval_split", "test") == "test" for rs in runs.values() for r in rs)
+            test_note = " (test data: values are chosen on validation data, not here)"
+            extend_low = test_note if on_test else ": extend the grid below it"
+            extend_high = test_note if on_test else ": extend the grid above it, if the option allows"
             diverged = diverged_values(col, g, s)
             found = {}  # metric -> (best values, top accuracy, where, runner-up gap)
             for which in ("last10", "final"):
@@ -235,11 +241,11 @@ def grid_verdicts(col: Collection, groups: list[Sensitivity]) -> list[str]:
                 if best[0] == values[0]:
                     where = (f"at the option's lower bound ({low:g}): the grid cannot extend" if low == values[0]
                              else f"at the lowest value that ran to the end; {below[-1]:g} below it diverged" if below
-                             else "at the grid's lower edge: extend the grid below it")  # fmt: skip
+                             else "at the grid's lower edge" + extend_low)  # fmt: skip
                 elif best[-1] == values[-1]:
                     where = (f"at the option's upper bound ({high:g}): the grid cannot extend" if high == values[-1]
                              else f"at the highest value that ran to the end; {above[0]:g} above it diverged" if above
-                             else "at the grid's upper edge: extend the grid above it, if the option allows")  # fmt: skip
+                             else "at the grid's upper edge" + extend_high)  # fmt: skip
                 else:
                     where = "inside the grid"
                 found[which] = (" = ".join(f"{x:g}" for x in best), top, where, gap)
