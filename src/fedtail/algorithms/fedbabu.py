@@ -26,8 +26,8 @@ Defaults and *interpretations*:
   validation data: on ``cnn2fc`` with 480 samples a client, the last-10 mean rose with every
   doubling from 1 to 320 epochs, and the grid stopped at 320 for the tuning budget
   (``benchmarks/fedrema/README.md``, "Validation"; ``docs/defaults.md``). The cost is paid by
-  every client at every evaluation: 320 epochs took 13-14 min of one core per evaluation there
-  (AVX-512; CPUs without it take up to twice as long).
+  every client at every evaluation: 320 epochs took 10-14 min of one core per evaluation there
+  (AVX-512; CPUs without it take up to twice as long), about 3 h for a 200-round run.
 - ``finetune`` = "full" (the paper's default: body and head are fine-tuned together); "head"
   fine-tunes the head alone, the body frozen (the paper's head-only ablation).
 - fine-tuning uses the local update's settings: the run's learning rate (at the evaluated
