@@ -217,7 +217,7 @@ def grid_verdicts(col: Collection, groups: list[Sensitivity]) -> list[str]:
         low, high = _option_bounds(g.algorithm, g.option)
         for s in col.settings:
             runs = {m: r for m in g.points if (r := curve_runs(col, g, s, m))}
-            on_test = any((r.config or {}).get("eval_split", "test") == "test" for rs in runs.values() for r in rs)
+            on_test = any(r.eval_split == "test" for rs in runs.values() for r in rs)
             test_note = " (test data: values are chosen on validation data, not here)"
             extend_low = test_note if on_test else ": extend the grid below it"
             extend_high = test_note if on_test else ": extend the grid above it, if the option allows"

@@ -113,7 +113,7 @@ SPLIT_WORDS = {
 
 def eval_splits(runs: list[Run]) -> list[str]:
     """The ``eval_split`` values of the finished runs, sorted (runs from before the option: test)."""
-    return sorted({(r.config or {}).get("eval_split", "test") for r in runs if r.finished})
+    return sorted({r.eval_split for r in runs if r.finished})
 
 
 def cells_note(reference: Reference | None, splits: list[str]) -> list[str]:

@@ -47,6 +47,11 @@ class Run:
     def finished(self) -> bool:
         return self.summary is not None and not self.stale
 
+    @property
+    def eval_split(self) -> str:
+        """The split the run was evaluated on (runs from before the option: test)."""
+        return (self.config or {}).get("eval_split", "test")
+
     def metrics(self) -> list[dict[str, Any]]:
         """Rows of ``metrics.jsonl``, or of ``metrics.jsonl.gz`` where a large record was committed
         compressed (the repository keeps files under 1 MB); unreadable lines are skipped."""
