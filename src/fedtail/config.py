@@ -8,6 +8,7 @@ fully resolved dump, and ``RunConfig.model_validate(json)`` rebuilds the run. Co
 from __future__ import annotations
 
 import json
+import re
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -32,6 +33,7 @@ CHECKPOINT_EVERY = 25  # default rounds between checkpoints (see RunConfig.check
 # Default rounds between full clustering records: keeps a 1000-round FedAC run with 100 clients
 # under 1 MB of metrics.jsonl (benchmarks/fedac/README.md, "Clustering records").
 LOG_CLUSTERING_EVERY = 25
+DEVICES = r"auto|cpu|cuda|cuda:\d+"  # what --device takes (fedtail.engine.device resolves it)
 
 
 class TrainConfig(BaseModel):
@@ -117,6 +119,16 @@ class RunConfig(BaseModel):
     seed: int = Field(0, ge=0)
     workers: int = Field(1, ge=1, description="--workers: client-training processes")
     threads: int = Field(1, ge=1, description="--threads: intra-op threads per client computation")
+    device: str = Field(
+        "auto",
+        description="--device: auto (the first CUDA device when torch sees one, else the CPU), cpu, cuda, "
+        "cuda:N; results do not depend on it beyond float rounding (fedtail.engine.device)",
+    )
+    deterministic: bool = Field(
+        True,
+        description="deterministic CUDA kernels (same seed, same GPU model: same results); false trades "
+        "that for speed; the CPU is deterministic either way",
+    )
     channels_last: bool = Field(
         True, description="channels-last weights and images: faster CNN steps on CPU; changes float rounding"
     )
@@ -172,6 +184,14 @@ class RunConfig(BaseModel):
         if not 0 < v <= 1:
             raise ValueError(f"--fraction must be in (0, 1] (got {v})")
         return v
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, v: str) -> str:
+        spec = str(v).strip().lower()
+        if not re.fullmatch(DEVICES, spec):
+            raise ValueError(f"--device must be auto, cpu, cuda or cuda:N (got {v!r})")
+        return spec
 
     @field_validator("targets")
     @classmethod
@@ -250,6 +270,10 @@ class RunConfig(BaseModel):
             data.pop("head", None)
         if self.eval_final is None:  # likewise
             data.pop("eval_final", None)
+        if self.device == "auto":  # likewise
+            data.pop("device", None)
+        if self.deterministic:  # likewise
+            data.pop("deterministic", None)
         return data
 
     # -- the stage schedule (GLDP's stage tasks; one stage for every other partition) ---------
@@ -456,6 +480,7 @@ FLAG_KEYS: dict[str, tuple[str, ...]] = {
     "seed": ("seed",),
     "workers": ("workers",),
     "threads": ("threads",),
+    "device": ("device",),
     "eval_every": ("eval_every",),
     "eval_final": ("eval_final",),
     "eval_split": ("eval_split",),

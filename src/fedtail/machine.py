@@ -34,8 +34,11 @@ def _memory_gb() -> float | None:
     return None
 
 
-def machine_info() -> dict[str, Any]:
-    """Platform, CPU model and vector instructions, core count, memory (GiB), Python and torch versions."""
+def machine_info(device: Any = None) -> dict[str, Any]:
+    """Platform, CPU model and vector instructions, core count, memory (GiB), Python and torch
+    versions; with a compute ``device`` (a ``torch.device``), a ``device`` entry too: its type,
+    and for a GPU its name, memory, CUDA, cuDNN and driver versions
+    (:func:`fedtail.engine.device.describe_device`)."""
     try:
         import torch
 
@@ -43,7 +46,7 @@ def machine_info() -> dict[str, Any]:
         capability = current_capability()  # e.g. "AVX2", "AVX512"
     except ImportError:  # pragma: no cover - torch is a dependency
         torch_version = capability = None
-    return {
+    info = {
         "platform": platform.platform(),
         "cpu": _cpu_model(),
         "cpu_capability": capability,
@@ -52,6 +55,17 @@ def machine_info() -> dict[str, Any]:
         "python": platform.python_version(),
         "torch": torch_version,
     }
+    if device is not None:
+        from fedtail.engine.device import describe_device
+
+        info["device"] = describe_device(device)
+    return info
+
+
+def gpu_name(info: dict[str, Any]) -> str | None:
+    """The GPU a machine description (or a run piece) names, or None for a CPU run."""
+    device = info.get("device")
+    return device.get("name") if isinstance(device, dict) and device.get("type") == "cuda" else None
 
 
 def describe(info: dict[str, Any]) -> str:
@@ -62,6 +76,7 @@ def describe(info: dict[str, Any]) -> str:
             f"CPU {info.get('cpu', '?')}" + (f" ({info['cpu_capability']})" if info.get("cpu_capability") else ""),
             f"{info.get('cores', '?')} cores",
             f"{mem:g} GiB RAM" if isinstance(mem, (int, float)) else "memory unknown",
+            *([f"GPU {gpu_name(info)}"] if gpu_name(info) else []),
             f"Python {info.get('python', '?')}",
             f"torch {info.get('torch', '?')}",
         ]
@@ -98,4 +113,5 @@ def describe_run_machine(summary: dict[str, Any]) -> str:
     if not isinstance(info, dict):
         return "not recorded (finished before fedtail recorded it)"
     cap = run_capability(summary) or "instructions not recorded"
-    return f"CPU {info.get('cpu', '?')} ({cap}), {info.get('cores', '?')} cores, torch {info.get('torch', '?')}"
+    gpu = f", GPU {gpu_name(info)}" if gpu_name(info) else ""
+    return f"CPU {info.get('cpu', '?')} ({cap}), {info.get('cores', '?')} cores{gpu}, torch {info.get('torch', '?')}"

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 from fedtail.config import RunConfig
 from fedtail.errors import RunDiverged
-from fedtail.machine import machine_info
+from fedtail.machine import gpu_name, machine_info
 from fedtail.provenance import code_info
 
 OnRound = Callable[[int, "dict[str, Any] | None"], None]
@@ -62,12 +62,15 @@ def run_to_folder(
     from fedtail.report import RunWriter
     from fedtail.report.runfiles import CHECKPOINT, config_diff
 
+    from fedtail.engine.device import resolve
+
     out = Path(out)
+    device = resolve(config.device)  # a device torch does not see is bad input, before anything is written
     state = None
     if resume is None:
         found = checkpoint_diffs(config, out)
         resume = found is not None and not found[1]
-    machine = machine_info()
+    machine = machine_info(device)
     pieces = [_piece(1, machine)]
     if resume:
         state = checkpoint.load(out / CHECKPOINT)
@@ -128,8 +131,11 @@ def run_to_folder(
 
 
 def _piece(from_round: int, machine: dict[str, Any]) -> dict[str, Any]:
-    """The part of a run from ``from_round`` on, as run by one process: its CPU and vector instructions."""
-    return {"from_round": from_round, "cpu": machine.get("cpu"), "cpu_capability": machine.get("cpu_capability")}
+    """The part of a run from ``from_round`` on, as run by one process: its CPU and vector
+    instructions, and the GPU when it ran on one."""
+    piece = {"from_round": from_round, "cpu": machine.get("cpu"), "cpu_capability": machine.get("cpu_capability")}
+    gpu = gpu_name(machine)
+    return piece | {"gpu": gpu} if gpu else piece
 
 
 def _transport(sim: Any, summary: dict[str, Any]) -> dict[str, Any]:

@@ -101,7 +101,7 @@ def mixed_backward(
     (0 when not ``adaptive``). The forward runs ``personal``'s own buffers.
     """
     names, v = zip(*personal.named_parameters())
-    a = torch.tensor(alpha, dtype=v[0].dtype, requires_grad=adaptive)
+    a = torch.tensor(alpha, dtype=v[0].dtype, device=v[0].device, requires_grad=adaptive)
     mixed = {name: a * p + (1 - a) * q.detach() for name, p, q in zip(names, v, w, strict=True)}
     loss = F.cross_entropy(functional_call(personal, mixed, (x,)), y)
     loss.backward()

@@ -43,6 +43,14 @@ class Message:
         return sum(t.numel() * t.element_size() for t in self.tensors.values())
 
 
+def shuffled(index: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """``index`` in a random order, on ``index``'s device; the order is drawn on ``generator``'s
+    device (a client's or server's generator is on the CPU), so every compute device draws the
+    same order from the same seed."""
+    perm = torch.randperm(len(index), generator=generator, device=generator.device)
+    return index[perm.to(index.device)]
+
+
 class Comm(Protocol):
     """What a server half can do during a round; provided by the engine (simulator or Flower)."""
 

@@ -75,6 +75,7 @@ from fedtail.algorithms.base import (
     Reference,
     ServerHalf,
     Tensors,
+    shuffled,
 )
 from fedtail.algorithms.clustering import (
     centred_gram,
@@ -237,7 +238,7 @@ def local_batches(ctx: ClientContext) -> Iterator[torch.Tensor]:
     n = len(ctx.data.train)
     rounds = cfg.local_steps or cfg.local_epochs * -(-n // cfg.batch_size)
     for _ in range(rounds if n else 0):
-        yield ctx.data.train[torch.randperm(n, generator=ctx.generator)[: cfg.batch_size]]
+        yield shuffled(ctx.data.train, ctx.generator)[: cfg.batch_size]
 
 
 def pull_towards(local: Tensors, model: nn.Module, step: float) -> None:

@@ -95,7 +95,7 @@ def row_mean(rows: torch.Tensor) -> torch.Tensor:
     rows = _rows(rows)
     n, d = rows.shape
     step = max(1, BLOCK_VALUES // max(d, 1))
-    total = torch.zeros(d, dtype=torch.float64)
+    total = torch.zeros(d, dtype=torch.float64, device=rows.device)
     for i in range(0, n, step):
         total += rows[i : i + step].to(torch.float64).sum(0)
     return total / max(n, 1)
@@ -199,7 +199,7 @@ def cosine_matrix(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """Cosine similarity of every row of ``a`` with every row of ``b`` (float64, by row blocks of ``a``)."""
     a, b = _rows(a), _rows(b).to(torch.float64)
     b = b / b.norm(dim=1, keepdim=True).clamp_min(1e-12)
-    out = torch.empty(len(a), len(b), dtype=torch.float64)
+    out = torch.empty(len(a), len(b), dtype=torch.float64, device=a.device)
     step = _blocks(a).step
     for i in _blocks(a):
         block = a[i : i + step].to(torch.float64)
@@ -217,7 +217,7 @@ def squared_distances(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     ref = b.mean(0)
     b = b - ref
     b_norms = b.pow(2).sum(1)
-    out = torch.empty(len(a), len(b), dtype=torch.float64)
+    out = torch.empty(len(a), len(b), dtype=torch.float64, device=a.device)
     step = _blocks(a).step
     for i in _blocks(a):
         block = a[i : i + step].to(torch.float64) - ref

@@ -128,10 +128,13 @@ class CReFFServer(ServerHalf):
         self.keys = classifier_names(model)
         # θ^0: the initial model's classifier (default Linear init, like the authors' first θ).
         self.retrained: Tensors = {name: self.weights[key].clone() for name, key in zip(("weight", "bias"), self.keys)}
-        # The server's working classifier: matched under, then re-drawn and re-trained, every round.
+        # The server's working classifier, on the compute device: matched under, then re-drawn and
+        # re-trained, every round (the features go there for it, the results come back to the CPU).
         with torch.random.fork_rng(devices=[]):  # its init is overwritten; leave the global stream alone
-            self.linear = torch.nn.Linear(model.classifier.in_features, model.classifier.out_features)
-        generator = torch.Generator().manual_seed(ctx.seed(0xFEA7))
+            self.linear = torch.nn.Linear(
+                model.classifier.in_features, model.classifier.out_features, device=ctx.device
+            )
+        generator = torch.Generator(device="cpu").manual_seed(ctx.seed(0xFEA7))
         self.features = FederatedFeatures(
             ctx.num_classes, model.classifier.in_features, opts.num_features, generator,
             lr=opts.match_lr, iterations=opts.match_iterations, init_std=opts.feature_init_std,
@@ -154,13 +157,13 @@ class CReFFServer(ServerHalf):
         set_linear(self.linear, self.retrained["weight"], self.retrained["bias"])
         before, after = self.features.match(self.linear, real, present)
 
-        generator = torch.Generator().manual_seed(self.ctx.seed(rnd, 0xC1F))
+        generator = torch.Generator(device="cpu").manual_seed(self.ctx.seed(rnd, 0xC1F))
         reset_linear(self.linear, generator)  # "a fresh linear classifier" every round
         train_classifier(
             self.linear, self.features.features, self.features.labels,
             epochs=opts.retrain_epochs, batch_size=opts.retrain_batch, lr=opts.retrain_lr, generator=generator,
         )
-        self.retrained = {"weight": self.linear.weight.detach().clone(), "bias": self.linear.bias.detach().clone()}
+        self.retrained = {name: getattr(self.linear, name).detach().to("cpu", copy=True) for name in ("weight", "bias")}
         self._eval = None
         comm.log(creff_match_loss_before=before, creff_match_loss_after=after, creff_classes=int(present.sum()))
 

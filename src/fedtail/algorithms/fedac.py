@@ -191,7 +191,7 @@ def fit_map_scores(
     coef32 = torch.from_numpy(coef.astype(np.float32))
     ref = reference.to(torch.float32)
     width = max(1, BLOCK_VALUES // n)
-    components = torch.empty(len(top), models.shape[1], dtype=torch.float32)
+    components = torch.empty(len(top), models.shape[1], dtype=torch.float32, device=models.device)
     for a in range(0, models.shape[1], width):
         components[:, a : a + width] = coef32 @ (models[:, a : a + width] - ref[a : a + width])
     pca = {"reference": ref, "offset": torch.from_numpy(offset), "components": components}
@@ -218,7 +218,7 @@ def reduce(pca: PCAMap | None, rows: torch.Tensor, center: bool) -> torch.Tensor
         return rows.to(torch.float64)
     components, ref = pca["components"], pca["reference"]
     shift = -pca["offset"] if center else ref.to(torch.float64) @ components.to(torch.float64).T
-    out = torch.empty(len(rows), len(components), dtype=torch.float64)
+    out = torch.empty(len(rows), len(components), dtype=torch.float64, device=rows.device)
     step = max(1, BLOCK_VALUES // max(rows.shape[1], 1))
     for i in range(0, len(rows), step):
         out[i : i + step] = ((rows[i : i + step].to(torch.float32) - ref) @ components.T).to(torch.float64) + shift
@@ -358,10 +358,10 @@ class FedACServer(ServerHalf):
         self.body_keys = ctx.model().body_keys()
         self.phi: Tensors = {k: ctx.init_weights[k] for k in self.body_keys}
         self.known: list[int] = []  # clients with an uploaded model, in first-upload order
-        self._rows = torch.empty(0)  # their last uploads, one flat float32 row each, spare rows at the end
+        self._rows = torch.empty(0, device="cpu")  # their last uploads, one flat float32 row each, spare rows at the end
         self._index: dict[int, int] = {}  # client -> row
         self.labels = np.zeros(0, dtype=int)  # cluster of each known client
-        self.centres = torch.empty(0)  # Ω_k as flat rows
+        self.centres = torch.empty(0, device="cpu")  # Ω_k as flat rows
         self.pca: PCAMap | None = None
         self.population: Tensors | None = None  # mean of the known models (cached for a round)
 
@@ -439,7 +439,7 @@ class FedACServer(ServerHalf):
             return
         n = len(self.known)
         if n == len(self._rows):  # full: double the capacity (amortised O(1) copies per upload)
-            grown = torch.empty(max(16, 2 * n), len(row), dtype=torch.float32)
+            grown = torch.empty(max(16, 2 * n), len(row), dtype=torch.float32, device="cpu")
             if n:
                 grown[:n] = self._rows[:n]
             self._rows = grown

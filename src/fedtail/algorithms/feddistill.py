@@ -170,7 +170,7 @@ class FedDistillClient(LocalClient):
         teacher = None
         if TEACHER in msg.tensors and bool(msg.tensors[PRESENT].any()):
             teacher = (msg.tensors[TEACHER], msg.tensors[PRESENT])
-        record = ClassStats.zeros(ctx.num_classes, ctx.num_classes) if opts.logits == "training" else None
+        record = ClassStats.zeros(ctx.num_classes, ctx.num_classes, ctx.device) if opts.logits == "training" else None
         ctx.train(extra_loss=distill_loss(teacher, opts.lam, opts.regularizer, record))
         ctx.state["weights"] = ctx.weights()
         if record is None:

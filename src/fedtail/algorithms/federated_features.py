@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedtail.algorithms.base import shuffled
 from fedtail.data.base import Dataset
 from fedtail.models.base import SplitModel
 
@@ -83,7 +84,7 @@ def class_draws(
         if n <= batch_size:
             draws[c] = pos.expand(repeats, n)
         else:
-            draws[c] = torch.stack([pos[torch.randperm(n, generator=generator)[:batch_size]] for _ in range(repeats)])
+            draws[c] = torch.stack([shuffled(pos, generator)[:batch_size] for _ in range(repeats)])
     return draws
 
 
@@ -102,7 +103,7 @@ def linear_ce_gradients(
     logits = F.linear(h, weight, bias)
     residual = torch.softmax(logits, dim=-1) - F.one_hot(y, logits.shape[-1]).to(logits.dtype)
     if row_weight is None:
-        row_weight = torch.full(y.shape, 1.0 / y.shape[-1], dtype=logits.dtype)
+        row_weight = torch.full(y.shape, 1.0 / y.shape[-1], dtype=logits.dtype, device=logits.device)
     residual = residual * row_weight.unsqueeze(-1)
     return residual.transpose(-1, -2) @ h, residual.sum(-2)
 
@@ -136,9 +137,10 @@ def class_gradients(
     if classifier.bias is None:
         raise ValueError("federated features need a classifier with a bias")
     weight = classifier.weight
-    grad_w = torch.zeros(num_classes, *weight.shape, dtype=weight.dtype)
-    grad_b = torch.zeros(num_classes, *classifier.bias.shape, dtype=weight.dtype)
-    present = torch.zeros(num_classes, dtype=torch.bool)
+    device = weight.device
+    grad_w = torch.zeros(num_classes, *weight.shape, dtype=weight.dtype, device=device)
+    grad_b = torch.zeros(num_classes, *classifier.bias.shape, dtype=weight.dtype, device=device)
+    present = torch.zeros(num_classes, dtype=torch.bool, device=device)
     split = dataset.train
     labels = split.y[index]
     draws = class_draws(labels, num_classes, generator, repeats=repeats, batch_size=batch_size)
@@ -146,7 +148,7 @@ def class_gradients(
         return {"weight": grad_w, "bias": grad_b}, present
 
     # How often each position of `index` was drawn, scaled to the per-class mean over draws.
-    row_weight = torch.zeros(len(index), dtype=weight.dtype)
+    row_weight = torch.zeros(len(index), dtype=weight.dtype, device=device)
     for c, d in draws.items():
         counts = torch.bincount(d.flatten(), minlength=len(index)).to(weight.dtype)
         row_weight += counts / d.numel()  # d.numel() = repeats · k_c; each position has one class
@@ -188,10 +190,10 @@ def unpack_class_gradients(
     out = {}
     for name in ("weight", "bias"):
         rows = tensors[f"{prefix}{name}"]
-        full = torch.zeros(num_classes, *rows.shape[1:], dtype=rows.dtype)
+        full = torch.zeros(num_classes, *rows.shape[1:], dtype=rows.dtype, device=rows.device)
         full[classes] = rows
         out[name] = full
-    present = torch.zeros(num_classes, dtype=torch.bool)
+    present = torch.zeros(num_classes, dtype=torch.bool, device=classes.device)
     present[classes] = True
     return out, present
 
@@ -214,9 +216,9 @@ class ClassGradientMean:
     def add(self, grads: Mapping[str, torch.Tensor], present: torch.Tensor) -> None:
         mask = present.to(torch.bool)
         if self.counts is None:
-            self.counts = torch.zeros(len(mask), dtype=torch.int64)
+            self.counts = torch.zeros(len(mask), dtype=torch.int64, device=mask.device)
             for name, g in grads.items():
-                self.sums[name] = torch.zeros(g.shape, dtype=torch.float64)
+                self.sums[name] = torch.zeros(g.shape, dtype=torch.float64, device=g.device)
                 self.dtypes[name] = g.dtype
         if grads.keys() != self.sums.keys() or len(mask) != len(self.counts):
             raise KeyError("class gradients of different layouts in one mean")
@@ -293,8 +295,11 @@ class FederatedFeatures:
         # With fewer features than dimensions (C·m < D), unit-variance noise lets the re-trained
         # classifier separate the features by their noise alone; a smaller σ leaves the matched
         # directions dominant (benchmarks/mupfl/feature_init_validation.py).
-        self.features = torch.randn(num_classes * per_class, feature_dim, generator=generator) * init_std
-        self.labels = torch.arange(num_classes).repeat_interleave(per_class)
+        # Drawn on the generator's device (the CPU), and kept there between rounds: :meth:`match` and
+        # :func:`train_classifier` move them to the classifier's device while they compute.
+        self.features = torch.randn(num_classes * per_class, feature_dim, generator=generator,
+                                    device=generator.device) * init_std
+        self.labels = torch.arange(num_classes, device=self.features.device).repeat_interleave(per_class)
 
     def loss(
         self,
@@ -323,20 +328,28 @@ class FederatedFeatures:
         """Run ``iterations`` SGD steps (lr ``lr``) on the features; return (loss before, loss after).
 
         Plain SGD without momentum, as the authors' feature optimiser, so no optimiser state
-        needs keeping between rounds. The classifier is read, never changed.
+        needs keeping between rounds. The classifier is read, never changed. Runs on the
+        classifier's device; the features come back to where they were kept (the CPU).
         """
-        self.features = self.features.clone()  # updated in place below; the old tensor may be in a message
+        home, device = self.features.device, classifier.weight.device
+        real = {k: v.to(device) for k, v in real.items()}
+        present = present.to(device)
+        # updated in place below; the old tensor may be in a message
+        self.features = self.features.to(device, copy=True)
         before = None
         for _ in range(self.iterations):
             loss = self._step(classifier, real, present)
             if before is None:
-                before = loss
+                before = float(loss)
         with torch.no_grad():
             after = float(self.loss(classifier, real, present))
+        self.features = self.features.to(home)
         return (after if before is None else before), after
 
-    def _step(self, classifier: nn.Linear, real: Mapping[str, torch.Tensor], present: torch.Tensor) -> float:
-        """One SGD step on the features, in place; returns the loss before it.
+    def _step(
+        self, classifier: nn.Linear, real: Mapping[str, torch.Tensor], present: torch.Tensor
+    ) -> torch.Tensor | float:
+        """One SGD step on the features, in place; returns the loss before it (a 0-dim tensor).
 
         The gradient is :meth:`loss`'s, in closed form. With H a class's m features, z = HWᵀ + b,
         p = softmax(z), r = (p − onehot)/m, g_W = rᵀH, g_b = Σ_i r_i, and A = ∂L/∂g_W, a = ∂L/∂g_b
@@ -371,7 +384,7 @@ class FederatedFeatures:
             h.baddbmm_(left, right, alpha=-self.lr)
             if not every:
                 feats[classes] = h
-        return float(loss.detach())
+        return loss.detach()
 
     def state_dict(self) -> dict[str, Any]:
         # Hyper-parameters come from the constructor (the run's options), not from the state.
@@ -387,11 +400,12 @@ class FederatedFeatures:
 
 @torch.no_grad()
 def reset_linear(layer: nn.Linear, generator: torch.Generator) -> None:
-    """Re-draw ``layer`` as PyTorch's default init does (U(±1/√fan_in) for weight and bias)."""
+    """Re-draw ``layer`` as PyTorch's default init does (U(±1/√fan_in) for weight and bias), drawn on
+    ``generator``'s device (the CPU: every device draws the same) and copied into the layer."""
     bound = layer.in_features ** -0.5
-    layer.weight.uniform_(-bound, bound, generator=generator)
-    if layer.bias is not None:
-        layer.bias.uniform_(-bound, bound, generator=generator)
+    for p in (layer.weight, layer.bias):
+        if p is not None:
+            p.copy_(torch.empty(p.shape, dtype=p.dtype, device=generator.device).uniform_(-bound, bound, generator=generator))
 
 
 @torch.no_grad()
@@ -411,14 +425,15 @@ def train_classifier(
     decay, as the authors' re-training. Uses the closed-form gradient, so the many tiny steps
     (300 epochs of batch 32) cost a matmul each and no autograd bookkeeping.
     """
-    features = features.detach()
     weight, bias = classifier.weight, classifier.bias
+    device = weight.device  # the features and labels move there once; the orders are drawn on the CPU
+    features, labels = features.detach().to(device), labels.to(device)
     onehot = F.one_hot(labels, weight.shape[0]).to(weight.dtype)
     n = len(labels)
     for _ in range(epochs):
         # A gather per batch, not one of the whole shuffled set per epoch: that copy (C·m × D
         # floats, 50 MB at m 400 on cnn-fmnist) cost more than the steps; the values are the same.
-        order = torch.randperm(n, generator=generator)
+        order = torch.randperm(n, generator=generator, device=generator.device).to(device)
         for start in range(0, n, batch_size):
             index = order[start : start + batch_size]
             h = features.index_select(0, index)

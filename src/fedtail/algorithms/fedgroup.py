@@ -170,7 +170,7 @@ def _svd(updates: torch.Tensor, dims: int) -> tuple[np.ndarray, np.ndarray, np.n
 def _directions(updates: torch.Tensor, sigma: np.ndarray, u: np.ndarray) -> torch.Tensor:
     """v_k = ΔWᵀ u_k / σ_k as rows (float64; zero where σ_k = 0), by column blocks."""
     coef = torch.from_numpy((u / np.where(sigma > 0, sigma, np.inf)).T.astype(np.float32))
-    out = torch.empty(len(sigma), updates.shape[1], dtype=torch.float64)
+    out = torch.empty(len(sigma), updates.shape[1], dtype=torch.float64, device=updates.device)
     width = max(1, BLOCK_VALUES // max(len(updates), 1))
     for a in range(0, updates.shape[1], width):
         out[:, a : a + width] = coef @ updates[:, a : a + width].to(torch.float32)
@@ -229,9 +229,9 @@ class FedGroupServer(ServerHalf):
         self.num_pretrain = pretrain_count(opts.pretrain_clients, opts.num_groups, ctx.num_clients)
         self.keys = float_keys(ctx.init_weights)
         self.groups: list[Tensors] = []  # θ_g; empty until the group cold start
-        self.centres = torch.empty(0)  # c_g: mean pre-training update of each group (rows)
-        self.latest = torch.empty(0)  # the latest change of each group model (rows)
-        self.directions = torch.empty(0)  # v_1..v_m of the group cold start (rows)
+        self.centres = torch.empty(0, device="cpu")  # c_g: mean pre-training update of each group (rows)
+        self.latest = torch.empty(0, device="cpu")  # the latest change of each group model (rows)
+        self.directions = torch.empty(0, device="cpu")  # v_1..v_m of the group cold start (rows)
         self.group_of: dict[int, int] = {}
         self.points: dict[int, list[float]] = {}  # s_i of every assigned client (for the log)
         self.aux: Tensors = dict(ctx.init_weights)  # the auxiliary global model

@@ -128,21 +128,23 @@ class FEDICConfig(AlgorithmConfig):
 
 
 def init_gate(num_classes: int, feature_dim: int, generator: torch.Generator) -> Tensors:
-    """The gating network's parameters: identity calibration, PyTorch's Linear init for the gate."""
+    """The gating network's parameters: identity calibration, PyTorch's Linear init for the gate;
+    on ``generator``'s device (the CPU, where the server keeps them between rounds)."""
     bound = 1.0 / math.sqrt(feature_dim)
+    device = generator.device
     return {
-        "ensemble_scale": torch.ones(num_classes),
-        "ensemble_bias": torch.zeros(1),
-        "logit_scale": torch.ones(num_classes),
-        "logit_bias": torch.zeros(num_classes),
-        "gate_weight": (torch.rand(feature_dim, generator=generator) * 2 - 1) * bound,
-        "gate_bias": (torch.rand(1, generator=generator) * 2 - 1) * bound,
+        "ensemble_scale": torch.ones(num_classes, device=device),
+        "ensemble_bias": torch.zeros(1, device=device),
+        "logit_scale": torch.ones(num_classes, device=device),
+        "logit_bias": torch.zeros(num_classes, device=device),
+        "gate_weight": (torch.rand(feature_dim, generator=generator, device=device) * 2 - 1) * bound,
+        "gate_bias": (torch.rand(1, generator=generator, device=device) * 2 - 1) * bound,
     }
 
 
 def prior_adjust(logits: torch.Tensor, counts: torch.Tensor, tau: float) -> torch.Tensor:
     """z − τ log π with π^c = (n^c + 1) / (n + C) (Menon et al.'s post-hoc logit adjustment)."""
-    counts = counts.to(torch.float32)
+    counts = counts.to(logits.device, torch.float32)
     prior = (counts + 1) / (counts.sum() + len(counts))
     return logits - tau * prior.log()
 
@@ -151,7 +153,7 @@ def ensemble_weights(client_logits: torch.Tensor, gate: Tensors, weighting: str)
     """(K, n) per-sample client weights summing to 1 over the K clients."""
     K, n, _ = client_logits.shape
     if weighting == "uniform":
-        return torch.full((K, n), 1.0 / K)
+        return torch.full((K, n), 1.0 / K, device=client_logits.device)
     # σ(a_k)/Σ_j σ(a_j) in log space: in float32 σ(a) is 0 for a ≲ −89 (0/0 = NaN, and a
     # NaN gradient poisons the persistent gate), log σ(a) ≈ a stays finite.
     log_sig = F.logsigmoid(client_logits @ gate["ensemble_scale"] + gate["ensemble_bias"])
@@ -179,8 +181,9 @@ def fit_gate(
     lr: float,
     weighting: str,
 ) -> tuple[Tensors, list[float]]:
-    """Adam steps of CE(ẑ, y) over row batches of the labelled set; the fitted gate and the losses."""
-    params = {k: v.detach().clone().requires_grad_(True) for k, v in gate.items()}
+    """Adam steps of CE(ẑ, y) over row batches of the labelled set; the fitted gate (on the logits'
+    device) and the losses."""
+    params = {k: v.detach().to(client_logits.device, copy=True).requires_grad_(True) for k, v in gate.items()}
     optimizer = torch.optim.Adam(params.values(), lr=lr)
     losses = []
     for rows in batches:
@@ -189,8 +192,8 @@ def fit_gate(
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
-        losses.append(float(loss.detach()))
-    return {k: v.detach().clone() for k, v in params.items()}, losses
+        losses.append(loss.detach())
+    return {k: v.detach().clone() for k, v in params.items()}, _floats(losses)
 
 
 # -- server-side passes over the server's data -------------------------------------------------
@@ -212,14 +215,22 @@ def outputs(
             logits.append(model.head(h))
             if features:
                 feats.append(h)
-    z = torch.cat(logits) if logits else torch.empty(0, model.num_classes)
-    h = (torch.cat(feats) if feats else torch.empty(0, model.feature_dim)) if features else None
+    z = torch.cat(logits) if logits else torch.empty(0, model.num_classes, device=index.device)
+    h = (torch.cat(feats) if feats else torch.empty(0, model.feature_dim, device=index.device)) if features else None
     return z.clone(), None if h is None else h.clone()
 
 
-def draw_batches(n: int, size: int, steps: int, generator: torch.Generator) -> list[torch.Tensor]:
-    """``steps`` independent batches of min(size, n) distinct positions in 0..n−1."""
-    return [torch.randperm(n, generator=generator)[:size] for _ in range(steps)]
+def draw_batches(
+    n: int, size: int, steps: int, generator: torch.Generator, device: torch.device
+) -> list[torch.Tensor]:
+    """``steps`` independent batches of min(size, n) distinct positions in 0..n−1, drawn on
+    ``generator``'s device (the CPU) and put on ``device``."""
+    return [torch.randperm(n, generator=generator, device=generator.device)[:size].to(device) for _ in range(steps)]
+
+
+def _floats(values: list[torch.Tensor]) -> list[float]:
+    """Per-step losses as numbers, read once after the steps (no wait for the device per step)."""
+    return torch.stack(values).tolist() if values else []
 
 
 def finetune(
@@ -241,8 +252,8 @@ def finetune(
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
-        losses.append(float(loss.detach()))
-    return losses
+        losses.append(loss.detach())
+    return _floats(losses)
 
 
 def kd_loss(student_logits: torch.Tensor, teacher_probs: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -280,12 +291,13 @@ def distil(
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
-        kls.append(float(kl.detach()))
-    return kls
+        kls.append(kl.detach())
+    return _floats(kls)
 
 
 def _get(model: SplitModel) -> Tensors:
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+    """The model's weights, copied to the CPU (where the server keeps its state)."""
+    return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
 
 
 def _ends(values: list[float]) -> tuple[float | None, float | None]:
@@ -315,7 +327,7 @@ class FEDICServer(ServerHalf):
         self.gate: Tensors | None = None
         if opts.gate_persist:
             dim = ctx.model("fedic-student").feature_dim
-            self.gate = init_gate(ctx.num_classes, dim, torch.Generator().manual_seed(ctx.seed(GATE_KEY)))
+            self.gate = init_gate(ctx.num_classes, dim, torch.Generator(device="cpu").manual_seed(ctx.seed(GATE_KEY)))
 
     def run_round(self, rnd: int, clients: list[int], comm: Comm) -> None:
         opts: FEDICConfig = self.ctx.options
@@ -330,20 +342,24 @@ class FEDICServer(ServerHalf):
         ctx, data = self.ctx, self.ctx.server_data
         dataset, split = ctx.dataset, data.split
         calibrated = opts.teacher == "calibrated"
-        generator = torch.Generator().manual_seed(ctx.seed(rnd, BATCH_KEY))
+        generator = torch.Generator(device="cpu").manual_seed(ctx.seed(rnd, BATCH_KEY))
         soft_index = (
             data.unlabelled if opts.distill_data == "unlabelled" else torch.cat((data.labelled, data.unlabelled))
         )
         n_lab = len(data.labelled)
         # Every batch of the round is drawn first, so the ensemble is run only on the samples used.
-        soft_batches = draw_batches(len(soft_index), opts.unlabelled_batch, opts.distill_steps, generator)
+        device = ctx.device  # the server's passes over its data run there; the weights stay on the CPU
+        soft_batches = draw_batches(len(soft_index), opts.unlabelled_batch, opts.distill_steps, generator, device)
         hard_batches = (
-            draw_batches(n_lab, opts.labelled_batch, opts.distill_steps, generator) if opts.distill_weight < 1 else []
+            draw_batches(n_lab, opts.labelled_batch, opts.distill_steps, generator, device)
+            if opts.distill_weight < 1 else []
         )
         finetune_batches = (
-            draw_batches(n_lab, opts.labelled_batch, opts.finetune_steps, generator) if calibrated else []
+            draw_batches(n_lab, opts.labelled_batch, opts.finetune_steps, generator, device) if calibrated else []
         )
-        gate_batches = draw_batches(n_lab, opts.labelled_batch, opts.gate_steps, generator) if calibrated else []
+        gate_batches = (
+            draw_batches(n_lab, opts.labelled_batch, opts.gate_steps, generator, device) if calibrated else []
+        )
         used = torch.unique(torch.cat(soft_batches))  # sorted positions into soft_index
         soft_batches = [torch.searchsorted(used, rows) for rows in soft_batches]  # now rows of `used`
         # Teacher rows: the labelled set (to fit the gate) first, then the soft samples used.
@@ -375,12 +391,12 @@ class FEDICServer(ServerHalf):
                               opts.finetune_lr, opts.weight_decay)
             anchor, _ = outputs(anchor_model, dataset, split, rows, features=False)
             gate = self.gate if opts.gate_persist else init_gate(
-                ctx.num_classes, features.shape[1], torch.Generator().manual_seed(ctx.seed(rnd, GATE_KEY)))
+                ctx.num_classes, features.shape[1], torch.Generator(device="cpu").manual_seed(ctx.seed(rnd, GATE_KEY)))
             labels = split.y[data.labelled]
             gate, gate_losses = fit_gate(gate, client_logits[:, :n_lab], features[:n_lab], anchor[:n_lab], labels,
                                          gate_batches, opts.gate_lr, opts.ensemble_weighting)
             if opts.gate_persist:
-                self.gate = gate
+                self.gate = {k: v.to("cpu") for k, v in gate.items()}
             with torch.inference_mode():
                 teacher = calibrated_logits(gate, client_logits[:, first:], features[first:], anchor[first:],
                                             opts.ensemble_weighting)

@@ -164,7 +164,7 @@ class FedProtoClient(LocalClient):
         target = prototype_payload(msg)
         # λ = 0 or no prototypes yet: plain CE, the very same pass as local training.
         align = None if target is None or opts.lam == 0 else alignment_loss(*target, opts.lam, opts.alignment)
-        record = ClassStats.zeros(ctx.num_classes, model.feature_dim) if opts.prototypes == "training" else None
+        record = ClassStats.zeros(ctx.num_classes, model.feature_dim, ctx.device) if opts.prototypes == "training" else None
         ctx.train(feature_loss=recording(align, record))
         ctx.state["weights"] = ctx.weights()
         if record is None:

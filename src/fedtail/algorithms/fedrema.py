@@ -130,8 +130,8 @@ class FedReMaConfig(AlgorithmConfig):
 
 
 def random_feature(seed: int, dim: int) -> torch.Tensor:
-    """r ~ U[0, 1)^dim from a generator seeded with ``seed``."""
-    return torch.rand(dim, generator=torch.Generator().manual_seed(seed))
+    """r ~ U[0, 1)^dim from a generator seeded with ``seed`` (on the CPU, where the server's math runs)."""
+    return torch.rand(dim, generator=torch.Generator(device="cpu").manual_seed(seed), device="cpu")
 
 
 def soft_logits(
@@ -157,7 +157,7 @@ def mds(row: torch.Tensor | Sequence[float], k: int) -> tuple[list[int], float]:
     Returns the positions (into ``row``) of the relevant set A_k, k included and sorted, and the
     largest gap Δs_k between consecutive sorted peer similarities.
     """
-    row = torch.as_tensor(row, dtype=torch.float64)
+    row = torch.as_tensor(row, dtype=torch.float64, device="cpu")
     peers = [j for j in range(len(row)) if j != k]
     if len(peers) < 2:  # no gap to compare: one peer is as relevant as all peers
         return list(range(len(row))), 0.0
@@ -196,7 +196,7 @@ class FedReMaServer(ServerHalf):
         self.heads: dict[int, Tensors] = {}  # personalised head φ_k by client id (absent: see head_of)
         self.uploads: dict[int, Tensors] = {}  # each client's most recent uploaded head φ̂_j
         n = ctx.num_clients
-        self.G = torch.zeros(n, n, dtype=torch.int64)
+        self.G = torch.zeros(n, n, dtype=torch.int64, device="cpu")
         self.in_ccp = True  # the critical co-learning period has not ended
         self.max_gap = 0.0  # historical max of the mean Δs
         self.ccp_rounds = 0

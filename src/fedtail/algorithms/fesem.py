@@ -159,7 +159,7 @@ def seeded_centres(models: torch.Tensor, count: int, seed: int) -> torch.Tensor:
     n = min(count, len(models))
     with server_threads():
         _, picked = kmeans_plusplus(gram_coordinates(centred_gram(models)), n_clusters=n, random_state=seed)
-    return models[torch.as_tensor(picked)].clone()
+    return models[torch.as_tensor(picked, device=models.device)].clone()
 
 
 # --- the server half ---------------------------------------------------------------------------
@@ -225,7 +225,7 @@ class FeSEMServer(ServerHalf):
             labels = e_step(models, self.centres)
         members = np.arange(len(cids)) if opts.m_step == "all" else np.flatnonzero(np.isin(cids, fresh))
         weights = self.ctx.client_train_sizes[np.asarray(cids)[members]] if opts.weighted else None
-        self.centres = m_step(models[torch.as_tensor(members)], labels[members], self.centres, weights)
+        self.centres = m_step(models[torch.as_tensor(members, device=models.device)], labels[members], self.centres, weights)
         self.unbuilt -= set(labels[members].tolist())
         self.labels = {c: int(k) for c, k in zip(cids, labels)}
         comm.log(clustering=cluster_record(cids, labels, models, full=full_record(self.ctx.config, rnd)))

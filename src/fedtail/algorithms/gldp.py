@@ -247,7 +247,7 @@ def representation_statistics(
     model: SplitModel, dataset: Dataset, index: torch.Tensor, batch_size: int = 128
 ) -> ClassStats:
     """Per-class statistics of z on ``dataset.train[index]``, in inference mode (mode restored)."""
-    stats = ClassStats.zeros(model.num_classes, model.classifier.in_features)
+    stats = ClassStats.zeros(model.num_classes, model.classifier.in_features, index.device)
     was_training = model.training
     model.eval()
     with torch.inference_mode():
@@ -296,10 +296,10 @@ def relation_loss(
 def glpr_class_weights(counts: torch.Tensor, weighting: str = "inverse_frequency") -> torch.Tensor:
     """w_j = n_k / (J_k · n_k^j) for the classes present (0 elsewhere), or 1 for ``none``."""
     if weighting == "none":
-        return torch.ones(len(counts))
+        return torch.ones(len(counts), device=counts.device)
     present = counts > 0
     n, classes = float(counts.sum()), int(present.sum())
-    w = torch.zeros(len(counts))
+    w = torch.zeros(len(counts), device=counts.device)
     w[present] = n / (classes * counts[present].to(torch.float32))
     return w
 
@@ -409,7 +409,7 @@ class GLDPServer(ServerHalf):
 
 def held_classes(ctx: ClientContext) -> torch.Tensor:
     """(C,) mask of the classes the client holds: its seen stages' classes, else its training labels."""
-    held = torch.zeros(ctx.num_classes, dtype=torch.bool)
+    held = torch.zeros(ctx.num_classes, dtype=torch.bool, device=ctx.device)
     seen = ctx.data.seen_classes
     if seen is not None:
         held[seen] = True

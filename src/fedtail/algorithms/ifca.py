@@ -98,15 +98,16 @@ def lowest_loss(ctx: ClientContext, models: list[Tensors]) -> int:
     tied = [j for j, loss in enumerate(losses) if loss == best]
     if len(tied) == 1:  # the usual case: draw nothing, so the training stream is untouched
         return tied[0]
-    return tied[int(torch.randint(len(tied), (1,), generator=ctx.generator))]
+    return tied[int(torch.randint(len(tied), (1,), generator=ctx.generator, device=ctx.generator.device))]
 
 
 # --- initial cluster models (shared with FeSEM) ------------------------------------------------
 
 
 def random_init_weights(ctx: ServerContext, k: int) -> Tensors:
-    """A fresh random initialisation of the run's architecture, seeded by (run seed, k)."""
-    with torch.random.fork_rng(devices=[]):  # leave the caller's random stream untouched
+    """A fresh random initialisation of the run's architecture, seeded by (run seed, k), drawn on
+    the CPU (as the run's initial model) whatever the compute device."""
+    with torch.random.fork_rng(devices=[]), torch.device("cpu"):  # leave the caller's random stream untouched
         torch.manual_seed(ctx.seed(0xC1A5, k))
         model = build_model(ctx.config.model, ctx.dataset.input_shape, ctx.num_classes, ctx.config.head)
     return {name: value.detach().clone() for name, value in model.state_dict().items()}

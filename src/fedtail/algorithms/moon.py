@@ -69,7 +69,7 @@ def contrastive_loss(z: torch.Tensor, z_glob: torch.Tensor, z_prev: torch.Tensor
     negative = F.cosine_similarity(z, z_prev, dim=1) / tau
     logits = torch.stack([positive, negative], dim=1)
     # cross-entropy with target 0 is exactly −log softmax(logits)[0], computed stably
-    return F.cross_entropy(logits, torch.zeros(len(z), dtype=torch.long))
+    return F.cross_entropy(logits, torch.zeros(len(z), dtype=torch.long, device=z.device))
 
 
 def contrastive_term(global_model: SplitModel, previous: SplitModel, mu: float, tau: float) -> FeatureLoss:

@@ -73,7 +73,7 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch.func import functional_call
 
-from fedtail.algorithms.base import PFLLIB, Algorithm, AlgorithmConfig, ClientHalf, Message, Reference
+from fedtail.algorithms.base import PFLLIB, Algorithm, AlgorithmConfig, ClientHalf, Message, Reference, shuffled
 from fedtail.algorithms.fedavg import FedAvgServer
 
 if TYPE_CHECKING:
@@ -104,14 +104,14 @@ PFLLIB_PASSES = 2  # PFLlib's Per-FedAvg server trains each selected client twic
 def shuffled_batches(index: torch.Tensor, batch_size: int, generator: torch.Generator) -> Iterator[torch.Tensor]:
     """Index batches of endless epochs, each reshuffled."""
     while True:
-        yield from index[torch.randperm(len(index), generator=generator)].split(batch_size)
+        yield from shuffled(index, generator).split(batch_size)
 
 
 def full_chunks(index: torch.Tensor, size: int, generator: torch.Generator) -> Iterator[torch.Tensor]:
     """Chunks of ``size`` indices of endless reshuffled epochs, each epoch's incomplete last chunk
     dropped (PFLlib's ``drop_last``); an index shorter than ``size`` is one chunk per epoch."""
     while True:
-        order = index[torch.randperm(len(index), generator=generator)]
+        order = shuffled(index, generator)
         full = len(order) // size
         yield from order[: full * size].split(size) if full else (order,)
 

@@ -50,11 +50,11 @@ class ClassStats:
     sq_norms: torch.Tensor
 
     @classmethod
-    def zeros(cls, num_classes: int, dim: int) -> "ClassStats":
+    def zeros(cls, num_classes: int, dim: int, device: torch.device) -> "ClassStats":
         return cls(
-            torch.zeros(num_classes, dim, dtype=torch.float64),
-            torch.zeros(num_classes, dtype=torch.int64),
-            torch.zeros(num_classes, dtype=torch.float64),
+            torch.zeros(num_classes, dim, dtype=torch.float64, device=device),
+            torch.zeros(num_classes, dtype=torch.int64, device=device),
+            torch.zeros(num_classes, dtype=torch.float64, device=device),
         )
 
     def add(self, values: torch.Tensor, labels: torch.Tensor) -> None:
@@ -87,7 +87,7 @@ def class_statistics(
     untouched), restoring the model's mode afterwards. ``model`` must be a SplitModel.
     """
     dim = model.feature_dim if output == "features" else model.num_classes
-    stats = ClassStats.zeros(num_classes, dim)
+    stats = ClassStats.zeros(num_classes, dim, index.device)
     was_training = model.training
     model.eval()
     with torch.inference_mode():
@@ -175,7 +175,6 @@ def nearest_prototype_scores(features: torch.Tensor, protos: torch.Tensor, prese
     """
     d2 = (features.unsqueeze(1) - protos.unsqueeze(0)).pow(2).mean(2)
     scores = -d2
-    if not bool(present.all()):
-        floor = scores[:, present].min(dim=1, keepdim=True).values - 1
-        scores = torch.where(present.unsqueeze(0), scores, floor)
-    return scores
+    # no test of present.all() (a wait for the device per batch): where() keeps every present score as it is
+    floor = scores.masked_fill(~present.unsqueeze(0), float("inf")).min(dim=1, keepdim=True).values - 1
+    return torch.where(present.unsqueeze(0), scores, floor)

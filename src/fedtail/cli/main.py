@@ -137,6 +137,10 @@ def run(
     seed: Optional[int] = typer.Option(None, help="random seed"),
     workers: Optional[int] = typer.Option(None, help="client-training processes (results do not depend on it)"),
     threads: Optional[int] = typer.Option(None, help="intra-op threads per client computation"),
+    device: Optional[str] = typer.Option(
+        None, help="auto (default: the first CUDA GPU torch sees, else the CPU) | cpu | cuda | cuda:N "
+        "(results do not depend on it beyond float rounding)"
+    ),
     eval_every: Optional[int] = typer.Option(None, help="evaluate every k rounds (and at the last)"),
     eval_final: Optional[int] = typer.Option(None, help="also evaluate each of the final N rounds (e.g. 10 for last-10 means)"),
     eval_split: Optional[str] = typer.Option(None, help="test | val: which local split evaluations use"),
@@ -275,6 +279,7 @@ def compare(
     set_: list[str] = typer.Option([], "--set", help="KEY=VALUE overrides"),
     seed: Optional[int] = typer.Option(None),
     workers: Optional[int] = typer.Option(None),
+    device: Optional[str] = typer.Option(None, help="auto | cpu | cuda | cuda:N (as fedtail run)"),
     out: Path = typer.Option(..., "--out", help="folder; each algorithm's run goes to OUT/ALGORITHM"),
 ) -> None:
     """Run several algorithms on the same data and partition, then print one table."""
@@ -283,7 +288,7 @@ def compare(
     names = [a.strip() for a in algorithms.split(",") if a.strip()]
     summaries = []
     try:
-        raw = raw_from_flags({"seed": seed, "workers": workers}, config_file)
+        raw = raw_from_flags({"seed": seed, "workers": workers, "device": device}, config_file)
         configs = [build_config(raw | {"algorithm": name}, set_) for name in names]
         for config in configs:
             console.print(f"[bold]{config.algorithm}[/]")

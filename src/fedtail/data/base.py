@@ -6,6 +6,7 @@ dataset costs one byte per pixel and a batch is an index lookup (no DataLoader).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -29,6 +30,14 @@ class Split:
 
     def __len__(self) -> int:
         return int(self.y.shape[0])
+
+    def to(self, device: torch.device | str) -> "Split":
+        """This split with ``x`` and ``y`` on ``device`` (itself when they are there); the client ids
+        (partition metadata) stay where they are."""
+        device = torch.device(device)
+        if self.x.device == device and self.y.device == device:
+            return self
+        return Split(self.x.to(device), self.y.to(device), self.clients)
 
     @property
     def labels(self) -> np.ndarray:
@@ -61,8 +70,24 @@ class Dataset:
             raise ValueError(f"mean has {len(self.mean)} values but std has {len(self.std)}")
         if any(s <= 0 for s in self.std):
             raise ValueError(f"std values must be positive, got {self.std}")
-        object.__setattr__(self, "_mean_t", torch.tensor(self.mean, dtype=torch.float32))
-        object.__setattr__(self, "_std_t", torch.tensor(self.std, dtype=torch.float32))
+        device = self.train.x.device
+        object.__setattr__(self, "_mean_t", torch.tensor(self.mean, dtype=torch.float32, device=device))
+        object.__setattr__(self, "_std_t", torch.tensor(self.std, dtype=torch.float32, device=device))
+
+    @property
+    def device(self) -> torch.device:
+        """Where the inputs are (and so where batches are made and normalised)."""
+        return self.train.x.device
+
+    def to(self, device: torch.device | str) -> "Dataset":
+        """This dataset with its splits on ``device`` (itself when they are there): one copy per
+        process; uint8 images stay uint8 and are normalised batch by batch on ``device``."""
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        if self.train.x.device == device and self.test.x.device == device:
+            return self
+        return dataclasses.replace(self, train=self.train.to(device), test=self.test.to(device))
 
     def batch(self, split: Split, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Normalised float32 inputs and labels for the rows ``index`` of ``split``."""

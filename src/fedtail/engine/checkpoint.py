@@ -123,7 +123,7 @@ def decode(value: Any) -> Any:
     if kind in ("set", "frozenset"):
         return {"set": set, "frozenset": frozenset}[kind](decode(v) for v in value["items"])
     if kind == "torch-generator":
-        generator = torch.Generator()
+        generator = torch.Generator(device="cpu")
         generator.set_state(value["state"])
         return generator
     if kind == "numpy-generator":

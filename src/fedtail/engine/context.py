@@ -3,6 +3,11 @@
 A :class:`Workspace` lives once per process (main or worker). Its models and optimizers are
 built once and reused for every client: loading a client's weights is an in-place copy, and
 an optimizer is reset, not rebuilt. This is what keeps per-client cost at the cost of training.
+
+Its models, its dataset and the clients' index views are on the run's compute device
+(``ctx.device``); what a half receives in a message and keeps in ``ctx.state`` is moved there by the
+engine, and what it returns is moved back (:mod:`fedtail.engine.device`). A tensor a half creates
+itself names its device: ``torch.zeros(n, device=ctx.device)``, or ``like.new_zeros(n)``.
 """
 
 from __future__ import annotations
@@ -40,18 +45,21 @@ def derive_seed(*keys: int) -> int:
 
 def initial_weights(config: RunConfig, dataset: Dataset) -> Tensors:
     """The common starting model of a run, identical in every process."""
-    with torch.random.fork_rng(devices=[]):  # leave the caller's random stream untouched
+    # Drawn on the CPU whatever the compute device, so that every device starts from the same model.
+    with torch.random.fork_rng(devices=[]), torch.device("cpu"):  # leave the caller's random stream untouched
         torch.manual_seed(derive_seed(config.seed, 0xC0FFEE))
         model = build_model(config.model, dataset.input_shape, dataset.num_classes, config.head)
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
 class Workspace:
-    """Per-process reusable models and optimizers, keyed by role name ("main", "personal", ...)."""
+    """Per-process reusable models and optimizers, keyed by role name ("main", "personal", ...), on
+    ``device`` (default: the CPU), with ``dataset`` moved there."""
 
-    def __init__(self, config: RunConfig, dataset: Dataset) -> None:
+    def __init__(self, config: RunConfig, dataset: Dataset, device: torch.device | None = None) -> None:
         self.config = config
-        self.dataset = dataset
+        self.device = torch.device("cpu") if device is None else device
+        self.dataset = dataset.to(self.device)
         self._models: dict[str, SplitModel] = {}
         self._optimizers: dict[tuple[str, tuple[int, ...]], torch.optim.SGD] = {}
         self._init_weights: Tensors | None = None
@@ -66,11 +74,13 @@ class Workspace:
     def model(self, role: str = "main") -> SplitModel:
         if role not in self._models:
             # Workspace weights are always overwritten before use; building must not consume
-            # the task's random stream, or results would depend on which process built it.
-            with torch.random.fork_rng(devices=[]):
+            # the task's random stream, or results would depend on which process built it. Built
+            # on the CPU (whose stream is forked) and then moved, so no device stream is touched.
+            with torch.random.fork_rng(devices=[]), torch.device("cpu"):
                 cfg, data = self.config, self.dataset
                 model = build_model(cfg.model, data.input_shape, data.num_classes, cfg.head)
-                self._models[role] = model.to_channels_last() if self.config.channels_last else model
+            model = model.to(self.device)
+            self._models[role] = model.to_channels_last() if self.config.channels_last else model
         return self._models[role]
 
     def optimizer(
@@ -155,7 +165,8 @@ class ClientData:
         if not self.classes_by_stage:
             return None
         others = [c for k, c in enumerate(self.classes_by_stage) if k != self.stage]
-        return torch.cat((torch.empty(0, dtype=torch.int64), *others)).unique()
+        empty = torch.empty(0, dtype=torch.int64, device=self.train.device)
+        return torch.cat((empty, *others)).unique()
 
 
 @dataclass
@@ -172,12 +183,19 @@ class ClientContext:
     stats: TrainStats = field(default_factory=TrainStats)
 
     def __post_init__(self) -> None:
-        self.generator = torch.Generator().manual_seed(self.seed)
+        # The client's random stream (shuffles, sampled features) stays on the CPU on every device:
+        # draw with it there and move the result (torch.rand(..., generator=g).to(ctx.device)).
+        self.generator = torch.Generator(device="cpu").manual_seed(self.seed)
 
     # -- shortcuts --------------------------------------------------------------------------
     @property
     def dataset(self) -> Dataset:
         return self.workspace.dataset
+
+    @property
+    def device(self) -> torch.device:
+        """Where this client computes: its models, data and the tensors of ``msg`` and ``ctx.state``."""
+        return self.workspace.device
 
     @property
     def stage(self) -> int:
@@ -357,6 +375,13 @@ class ServerContext:
         return len(self.client_train_sizes)
 
     @property
+    def device(self) -> torch.device:
+        """The compute device of the server's models and data. Replies arrive on the CPU and the
+        server's state stays there between rounds (checkpoints are device-neutral): a server half
+        that computes with its models moves what it needs here and its results back."""
+        return self.workspace.device
+
+    @property
     def dataset(self) -> Dataset:
         return self.workspace.dataset
 
@@ -368,10 +393,10 @@ class ServerContext:
     def server_data(self) -> ServerData:
         """The server's own samples (empty index tensors when the run configures none)."""
         held = self.partition.server
-        empty = torch.empty(0, dtype=torch.int64)
+        index = lambda rows: torch.as_tensor([] if held is None else rows, dtype=torch.int64, device=self.device)  # noqa: E731
         return ServerData(
-            labelled=empty if held is None else torch.as_tensor(held.labelled, dtype=torch.int64),
-            unlabelled=empty if held is None else torch.as_tensor(held.unlabelled, dtype=torch.int64),
+            labelled=index(None if held is None else held.labelled),
+            unlabelled=index(None if held is None else held.unlabelled),
             split=self.dataset.train,
         )
 

@@ -23,6 +23,7 @@ from fedtail.algorithms.base import ClientHalf, Message
 from fedtail.config import RunConfig
 from fedtail.data.base import Dataset
 from fedtail.engine.context import ClientContext, ClientData, Workspace, derive_seed, eval_message, load_weights
+from fedtail.engine.device import configure, resolve, to_device, to_host, worker_device
 from fedtail.partition import Partition
 
 
@@ -53,39 +54,44 @@ class Result:
 LOCAL_MODEL = "engine.local_model"
 
 
-def _seen(parts: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
+def _seen(parts: list[np.ndarray], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """The sorted concatenation of per-stage index arrays, and the stage of each entry."""
     idx = np.concatenate(parts)
     stage = np.repeat(np.arange(len(parts)), [len(p) for p in parts])
     order = np.argsort(idx, kind="stable")
-    return torch.as_tensor(idx[order], dtype=torch.int64), torch.as_tensor(stage[order], dtype=torch.int64)
+    return _index(idx[order], device), _index(stage[order], device)
+
+
+def _index(rows: Any, device: torch.device) -> torch.Tensor:
+    return torch.as_tensor(rows, dtype=torch.int64, device=device)
 
 
 def client_views(
     partition: Partition, dataset: Dataset, eval_split: str, stage: int | None = None, seen: int | None = None
 ) -> list[ClientData]:
-    """Index tensors of every client.
+    """Index tensors of every client, on the dataset's device.
 
     ``stage`` m (stage tasks only): training data of stage m; test and validation data of the
     stages 0..``seen`` − 1 (default m + 1), with the stage of each evaluation sample. ``None``:
     each client's whole data.
     """
     test_split = dataset.test if partition.test_source == "test" else dataset.train
+    device = dataset.device
     views = []
     for client in partition.clients:
         groups = None
         if stage is None:
-            train = torch.as_tensor(client.train, dtype=torch.int64)
-            test = torch.as_tensor(client.test, dtype=torch.int64)
-            val = torch.as_tensor(client.val, dtype=torch.int64)
+            train = _index(client.train, device)
+            test = _index(client.test, device)
+            val = _index(client.val, device)
             classes: tuple[torch.Tensor, ...] = ()
         else:
             shown = client.stages[: stage + 1 if seen is None else seen]
-            train = torch.as_tensor(client.stages[stage].train, dtype=torch.int64)
-            test, test_groups = _seen([s.test for s in shown])
-            val, val_groups = _seen([s.val for s in shown])
+            train = _index(client.stages[stage].train, device)
+            test, test_groups = _seen([s.test for s in shown], device)
+            val, val_groups = _seen([s.val for s in shown], device)
             groups = val_groups if eval_split == "val" else test_groups
-            classes = tuple(torch.as_tensor(s.classes, dtype=torch.int64) for s in shown)
+            classes = tuple(_index(s.classes, device) for s in shown)
         if eval_split == "val":
             split, index = dataset.train, val
         else:
@@ -116,13 +122,19 @@ class Views:
 
 
 class ClientRuntime:
-    """Runs client tasks in one process: the workspace, the views and the client half."""
+    """Runs client tasks in one process: the workspace, the views and the client half, on ``device``
+    (default: the run's). A task's message and state go to the device before the client half runs,
+    its reply and new state come back to the CPU (:mod:`fedtail.engine.device`)."""
 
-    def __init__(self, config: RunConfig, dataset: Dataset, partition: Partition) -> None:
+    def __init__(
+        self, config: RunConfig, dataset: Dataset, partition: Partition, device: torch.device | None = None
+    ) -> None:
         torch.set_num_threads(config.threads)
         self.config = config
-        self.workspace = Workspace(config, dataset)
-        self.views = Views(config, partition, dataset)
+        self.device = resolve(config.device) if device is None else device
+        configure(self.device, config.deterministic)
+        self.workspace = Workspace(config, dataset, self.device)
+        self.views = Views(config, partition, self.workspace.dataset)
         spec = components.algorithm(config.algorithm)
         self.client: ClientHalf = spec.client()
         self.options = components.algorithm_options(config)
@@ -132,6 +144,7 @@ class ClientRuntime:
         start = time.perf_counter()
         seed = derive_seed(self.config.seed, task.rnd, task.call, task.cid)
         torch.manual_seed(seed)  # for any module-level randomness (dropout layers)
+        state = to_device(task.state, self.device)
         ctx = ClientContext(
             cid=task.cid,
             rnd=task.rnd,
@@ -139,13 +152,13 @@ class ClientRuntime:
             data=self.views.at(task.rnd)[task.cid],
             workspace=self.workspace,
             options=self.options,
-            state=MappingProxyType(task.state) if task.read_only else task.state,  # type: ignore[arg-type]
+            state=MappingProxyType(state) if task.read_only else state,  # type: ignore[arg-type]
         )
-        reply = self.client.handle(task.message, ctx)
+        reply = to_host(self.client.handle(to_device(task.message, self.device), ctx))
         local = None
         if self.keeps_local:
-            local = self._local_model(task, ctx, reply)
-        state = {} if task.read_only else ctx.state  # nothing to send back from an evaluation
+            local = to_host(self._local_model(task, ctx, reply))
+        state = {} if task.read_only else to_host(ctx.state)  # nothing to send back from an evaluation
         return Result(task.cid, reply, state, time.perf_counter() - start, local=local)
 
     def _local_model(self, task: Task, ctx: ClientContext, reply: Message) -> Message | None:
@@ -187,9 +200,13 @@ class SerialExecutor:
 _RUNTIME: ClientRuntime | None = None
 
 
-def _init_worker(config: RunConfig, dataset: Dataset, partition: Partition) -> None:
+def _init_worker(config: RunConfig, dataset: Dataset, partition: Partition, counter: Any) -> None:
     global _RUNTIME
-    _RUNTIME = ClientRuntime(config, dataset, partition)
+    with counter.get_lock():  # this worker's number, for spreading workers over several GPUs
+        worker = counter.value
+        counter.value += 1
+    device = worker_device(resolve(config.device), config.device, worker)
+    _RUNTIME = ClientRuntime(config, dataset, partition, device)
 
 
 def _run_task(task: Task) -> Result:
@@ -201,15 +218,21 @@ class ProcessExecutor:
     """A pool of spawned worker processes, each with its own runtime and one task at a time.
 
     The dataset tensors go to the workers through shared memory (torch.multiprocessing), so
-    the pool costs one copy of the data in total, not one per worker.
+    the pool costs one copy of the data in total, not one per worker. On a GPU every worker moves
+    them to its device (one copy each there): several workers share one GPU (``--workers W``
+    with ``--device cuda:N``), or are spread over all of them (``cuda`` or ``auto``).
     """
 
     def __init__(self, config: RunConfig, dataset: Dataset, partition: Partition) -> None:
+        dataset = dataset.to("cpu")  # the pool's copy is the host's, in shared memory
         for split in (dataset.train, dataset.test):
             split.x.share_memory_()
             split.y.share_memory_()
         ctx = mp.get_context("spawn")
-        self.pool = ctx.Pool(config.workers, initializer=_init_worker, initargs=(config, dataset, partition))
+        counter = ctx.Value("i", 0)
+        self.pool = ctx.Pool(
+            config.workers, initializer=_init_worker, initargs=(config, dataset, partition, counter)
+        )
 
     def map(self, tasks: list[Task]) -> Iterator[Result]:
         # imap keeps task order; chunksize 1 balances clients of unequal size across workers

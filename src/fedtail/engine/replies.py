@@ -51,6 +51,7 @@ import torch
 
 from fedtail.algorithms.base import Message, Tensors
 from fedtail.config import FaultConfig
+from fedtail.engine.device import to_host
 from fedtail.errors import RunDiverged
 
 Schema = tuple[tuple[str, str], ...]  # sorted (name, dtype) of a reply's tensors
@@ -275,7 +276,7 @@ class Channel:
                 if fails(self.seed, self.rnd, cid, self.faults.dropout):
                     self.round.dropped.add(cid)
             if cid not in self.round.dropped:
-                live[cid] = messages[cid]
+                live[cid] = to_host(messages[cid])  # messages are device-neutral (fedtail.engine.device)
         need = min(self.faults.min_replies, len(messages))
         if len(live) < need:
             raise RoundSkipped(f"{len(live)} of {len(messages)} clients replied, fewer than {need}")

@@ -45,6 +45,7 @@ from fedtail.data.base import Dataset
 from fedtail.engine import checkpoint
 from fedtail.engine.context import ServerContext, Workspace, derive_seed, initial_weights, load_weights
 from fedtail.engine.context import BY_STAGE, NAMED
+from fedtail.engine.device import configure, resolve, to_host
 from fedtail.engine.executors import ClientRuntime, SerialExecutor, Task, Views, make_executor
 from fedtail.engine.replies import Channel, Delivered, ReplyCheck, RoundSkipped, nonfinite_at
 from fedtail.engine.states import make_states
@@ -150,10 +151,14 @@ class Simulation:
         if self.client_state is None:
             self.client_state = make_states(config.client_state, self.run_dir)
         torch.set_num_threads(config.threads)
+        self.device = resolve(config.device)
+        configure(self.device, config.deterministic)
         self.num_clients = len(self.partition.clients)
         self.spec = components.algorithm(config.algorithm)
         options = components.algorithm_options(config)
-        self.workspace = Workspace(config, self.dataset)
+        host_dataset = self.dataset
+        self.workspace = Workspace(config, host_dataset, self.device)
+        self.dataset = self.workspace.dataset  # on the device: the server's models and the evaluations use it
         self.server_ctx = ServerContext(
             config=config,
             options=options,
@@ -172,8 +177,9 @@ class Simulation:
         self.rounds_done = 0  # rounds completed (those of a restored checkpoint included)
         self.elapsed_before = 0.0  # wall seconds spent before a restored checkpoint
         local = self.executor_factory is None
-        runtime = ClientRuntime(config, self.dataset, self.partition) if local and config.workers == 1 else None
-        self.executor = make_executor(config, self.dataset, self.partition, runtime) if local else self.executor_factory(self)
+        serial = local and config.workers == 1
+        runtime = ClientRuntime(config, self.dataset, self.partition, self.device) if serial else None
+        self.executor = make_executor(config, host_dataset, self.partition, runtime) if local else self.executor_factory(self)
         # The clients' data views by round (stage runs: the seen-stage data of the global model's A_global).
         self.views = runtime.views if runtime else Views(config, self.partition, self.dataset)
 
@@ -224,8 +230,9 @@ class Simulation:
             "config": self.config.model_dump(mode="json"),
             "round": self.rounds_done,
             "elapsed_s": elapsed,
-            "server": enc(self.server.state_dict(), f"{self.config.algorithm} server state"),
-            "edge": enc(self.edge.state_dict(), f"{self.config.algorithm} edge state"),
+            # device-neutral: a checkpoint written on a GPU resumes on a CPU and back
+            "server": enc(to_host(self.server.state_dict()), f"{self.config.algorithm} server state"),
+            "edge": enc(to_host(self.edge.state_dict()), f"{self.config.algorithm} edge state"),
             "clients": {cid: enc(s, f"client {cid}'s state") for cid, s in self.client_state.items()},
             "meter": self.meter.as_dict(),
             "rows": enc(self.record.rows, "metrics rows"),
@@ -294,7 +301,7 @@ class Simulation:
         config = self.config
         cids = list(range(self.num_clients))
         tasks = self.lazily(
-            Task(cid, rnd, EVAL_CALL, self.server.evaluation_message(cid), self.client_state.get(cid, {}), read_only=True)
+            Task(cid, rnd, EVAL_CALL, to_host(self.server.evaluation_message(cid)), self.client_state.get(cid, {}), read_only=True)
             for cid in cids
         )
         # A process pool starts on the client tasks at once, so the global evaluation below

@@ -1,7 +1,10 @@
 """Local training and evaluation loops over in-memory tensors, batched by index.
 
 These are the hot path: no DataLoader, no per-batch allocation beyond the batch itself, and
-evaluation under ``torch.inference_mode``.
+evaluation under ``torch.inference_mode``. On a GPU the data, the index views and the model are on
+the device (:mod:`fedtail.engine.device`): a batch is an index look-up there, the losses and counts
+are summed there, and nothing crosses to the host per batch (one shuffle order per epoch goes to
+the device: it is drawn on the CPU generator, so every device trains on the same batches).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedtail.algorithms.base import shuffled
 from fedtail.data.base import Dataset, Split
 
 # extra_loss(model, x, y, logits) -> tensor added to the cross-entropy (FedProx, Ditto, ...)
@@ -20,8 +24,9 @@ ExtraLoss = Callable[[nn.Module, torch.Tensor, torch.Tensor, torch.Tensor], torc
 # feature_loss(model, x, y, logits, features) -> extra loss that also needs the body's output
 # (MOON, FedProto, FedPAC): the loop runs body and head apart, so no second forward is needed
 FeatureLoss = Callable[[nn.Module, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-# on_step(loss) is called after every optimizer step with the batch's cross-entropy (MuPFL's BAVD)
-OnStep = Callable[[float], None]
+# on_step(loss) is called after every optimizer step with the batch's cross-entropy, a detached
+# 0-dim tensor on the model's device (MuPFL's BAVD; float(loss) waits for the device)
+OnStep = Callable[[torch.Tensor], None]
 
 
 @dataclass
@@ -50,9 +55,9 @@ class TrainStats:
 
 
 def batches(index: torch.Tensor, batch_size: int, generator: torch.Generator) -> Iterable[torch.Tensor]:
-    """One shuffled epoch of index batches (the last batch may be smaller)."""
-    order = index[torch.randperm(len(index), generator=generator)]
-    return order.split(batch_size)
+    """One shuffled epoch of index batches (the last batch may be smaller), on ``index``'s device;
+    the order is drawn on ``generator``'s device (the CPU: every device shuffles alike)."""
+    return shuffled(index, generator).split(batch_size)
 
 
 def train_epochs(
@@ -82,6 +87,8 @@ def train_epochs(
     model.train()
     clip_params = params if params is not None else [p for g in optimizer.param_groups for p in g["params"]]
     split = dataset.train
+    # Summed on the device in float64: the same sum, bit for bit, as adding float(loss) * n on the host.
+    loss_sum = torch.zeros((), dtype=torch.float64, device=index.device)
     for batch in _schedule(index, batch_size, generator, epochs, steps):
         x, y = dataset.batch(split, batch)
         if feature_loss is None:
@@ -99,12 +106,13 @@ def train_epochs(
             torch.nn.utils.clip_grad_norm_(clip_params, grad_clip)
         optimizer.step()
         n = len(batch)
-        value = float(loss.detach())
+        value = loss.detach()
         if on_step is not None:
             on_step(value)
-        stats.loss_sum += value * n
+        loss_sum += value.double() * n
         stats.samples += n
         stats.steps += 1
+    stats.loss_sum = float(loss_sum)
     return stats
 
 
@@ -166,21 +174,25 @@ def evaluate(
 ) -> EvalCounts:
     """Accuracy counts of ``model`` (or of ``predict``, which maps inputs to logits/scores).
 
+    The counts come back on the CPU (one copy per evaluation); the batches are made on ``split``'s
+    device, which must be the model's.
+
     ``predict`` may return several named scores at once (one forward pass for several
     prediction rules): ``main`` names the one the counts (and the loss) are of, and every name
     gets its correct counts in ``named``. ``groups`` (aligned with ``index``, values below
     ``num_groups``) adds counts per group and class.
     """
-    correct = torch.zeros(num_classes, dtype=torch.int64)
-    total = torch.zeros(num_classes, dtype=torch.int64)
+    device = split.y.device
+    correct = torch.zeros(num_classes, dtype=torch.int64, device=device)
+    total = torch.zeros(num_classes, dtype=torch.int64, device=device)
     size = num_groups * num_classes
-    by_correct = torch.zeros(size, dtype=torch.int64) if groups is not None else None
-    by_total = torch.zeros(size, dtype=torch.int64) if groups is not None else None
+    by_correct = torch.zeros(size, dtype=torch.int64, device=device) if groups is not None else None
+    by_total = torch.zeros(size, dtype=torch.int64, device=device) if groups is not None else None
     named: dict[str, torch.Tensor] = {}
     named_by: dict[str, torch.Tensor] = {}
-    loss_sum = 0.0
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)  # as the host's sum of float(...)
     if index is None:
-        index = torch.arange(len(split))
+        index = torch.arange(len(split), device=device)
     was_training = model.training
     model.eval()
     forward = predict or model
@@ -192,7 +204,7 @@ def evaluate(
             if several and main not in several:
                 raise ValueError(f"predict returned {sorted(several)}; main={main!r} must name one of them")
             scores = several[main] if several else out
-            loss_sum += float(F.cross_entropy(scores, y, reduction="sum"))
+            loss_sum += F.cross_entropy(scores, y, reduction="sum").double()
             cell = None if groups is None else groups[start : start + batch_size] * num_classes + y
             total += torch.bincount(y, minlength=num_classes)
             if cell is not None:
@@ -211,12 +223,13 @@ def evaluate(
                         named_by[name] = named_by.get(name, 0) + by
     model.train(was_training)
     shape = (num_groups, num_classes)
+    host = lambda t: None if t is None else t.cpu()  # noqa: E731 - one copy per evaluation
     return EvalCounts(
-        correct,
-        total,
-        loss_sum,
-        None if by_correct is None else by_correct.view(shape),
-        None if by_total is None else by_total.view(shape),
-        named,
-        {k: v.view(shape) for k, v in named_by.items()},
+        host(correct),
+        host(total),
+        float(loss_sum),
+        None if by_correct is None else host(by_correct.view(shape)),
+        None if by_total is None else host(by_total.view(shape)),
+        {k: host(v) for k, v in named.items()},
+        {k: host(v.view(shape)) for k, v in named_by.items()},
     )

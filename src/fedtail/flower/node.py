@@ -7,7 +7,10 @@
 - ``state-dir="/var/lib/fedtail"``: where the clients' state is kept (default
   ``~/.cache/fedtail/flower-state``);
 - ``data-dir="/data/fmnist"``: where the node finds the dataset files (default: the run's
-  ``data_dir``, else the usual places).
+  ``data_dir``, else the usual places);
+- ``device="cuda:1"``: where the node's clients compute (``auto``, the default: the node's first
+  GPU, else its CPU; ``cpu``; ``cuda``; ``cuda:N``). The run's own ``device`` is the server's: every
+  machine uses its own (messages and states are device-neutral, :mod:`fedtail.engine.device`).
 
 The node cuts the partition from the run's config exactly as the simulator does (the same seed
 gives the same clients on every machine) and keeps only the views of its clients.
@@ -31,6 +34,7 @@ the client goes on from its last accepted state, as in the simulator.
 from __future__ import annotations
 
 import os
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,8 +42,9 @@ from typing import Any
 
 import torch
 
-from fedtail.config import RunConfig
+from fedtail.config import DEVICES, RunConfig
 from fedtail.engine import checkpoint
+from fedtail.engine.device import resolve
 from fedtail.engine.executors import ClientRuntime, Task
 from fedtail.engine.replies import nonfinite_at
 from fedtail.flower import FlowerError
@@ -76,6 +81,7 @@ class NodeSettings:
     num_partitions: int | None
     state_dir: Path
     data_dir: str | None
+    device: str = "auto"
 
     @classmethod
     def from_node_config(cls, node_config: Any) -> "NodeSettings":
@@ -91,7 +97,10 @@ class NodeSettings:
             raise FlowerError(f"node config: need 0 <= partition-id < num-partitions (got {pid}, {parts})")
         state_dir = Path(str(cfg.get("state-dir", DEFAULT_STATE_DIR))).expanduser()
         data_dir = cfg.get("data-dir")
-        return cls(clients, pid, parts, state_dir, None if data_dir is None else str(data_dir))
+        device = str(cfg.get("device", "auto")).strip().lower()
+        if not re.fullmatch(DEVICES, device):
+            raise FlowerError(f"node config device={cfg.get('device')!r}: expected auto, cpu, cuda or cuda:N")
+        return cls(clients, pid, parts, state_dir, None if data_dir is None else str(data_dir), device)
 
     def hosted(self, num_clients: int) -> list[int]:
         """The run's clients this node hosts."""
@@ -162,7 +171,7 @@ class NodeRuntime:
         dataset, partition = prepare(config)
         self.num_clients = len(partition.clients)
         self.hosted = settings.hosted(self.num_clients)
-        self.runtime = ClientRuntime(config, dataset, partition)
+        self.runtime = ClientRuntime(config, dataset, partition, resolve(settings.device))
         self.fingerprints = {cid: fingerprint(partition, cid) for cid in self.hosted}
 
 
@@ -173,7 +182,7 @@ def fingerprint(partition: Any, cid: int) -> str:
     client = partition.clients[cid]
     digest = hashlib.sha256()
     for part in (client.train, client.test, client.val):
-        digest.update(torch.as_tensor(part, dtype=torch.int64).numpy().tobytes())
+        digest.update(torch.as_tensor(part, dtype=torch.int64, device="cpu").numpy().tobytes())
         digest.update(b"|")
     return digest.hexdigest()[:16]
 
@@ -200,6 +209,7 @@ def hello(run_config: Any, node_config: Any) -> dict[str, Any]:
     return {
         "clients": list(node.hosted),
         "fingerprints": [node.fingerprints[c] for c in node.hosted],
+        "device": str(node.runtime.device),
     }
 
 

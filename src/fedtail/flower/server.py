@@ -55,6 +55,7 @@ class GridExecutor:
         self.hosts: dict[int, list[int]] = {}  # node id -> the clients it hosts
         self.node_of: dict[int, int] = {}  # client id -> node id
         self.greeted: set[int] = set()  # nodes that answered hello (or failed to)
+        self.devices: dict[int, str] = {}  # node id -> the device its clients compute on (its hello)
         self.sent_tag: dict[int, tuple[int, int]] = {}  # client -> (round, call) of its latest training task
         self.to_confirm: dict[int, tuple[int, int]] = {}  # accepted replies the client's node has not confirmed
         self.wire_down = 0
@@ -111,7 +112,8 @@ class GridExecutor:
                     self.hosts[old].remove(cid)
                 self.node_of[cid] = node
             self.hosts[node] = clients
-            log.info("node %s hosts clients %s", node, clients)
+            self.devices[node] = str(record.get("device", "unknown"))
+            log.info("node %s hosts clients %s on %s", node, clients, self.devices[node])
 
     def _wait_for_nodes(self) -> None:
         deadline = time.monotonic() + self.settings.node_wait
@@ -211,6 +213,7 @@ class GridExecutor:
             # summed over exchanges (exchange_s: the server's wait) and over nodes (the others)
             "time_s": dict(self.times),
             "nodes": {str(node): clients for node, clients in sorted(self.hosts.items())},
+            "devices": {str(node): self.devices.get(node, "unknown") for node in sorted(self.hosts)},
         }
         return out
 

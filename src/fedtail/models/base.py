@@ -173,7 +173,8 @@ def flat_dim(name: str, body: nn.Module, input_shape: tuple[int, ...]) -> int:
     body.eval()
     try:
         with torch.no_grad():
-            out = body(torch.zeros(1, *input_shape))
+            param = next(body.parameters(), None)
+            out = body(torch.zeros(1, *input_shape, device="cpu" if param is None else param.device))
     except RuntimeError as exc:  # e.g. a kernel larger than the remaining feature map
         raise ConfigError(f"model {name!r} cannot handle input shape {tuple(input_shape)}: {exc}") from None
     finally:

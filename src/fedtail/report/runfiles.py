@@ -17,7 +17,8 @@ from typing import Any
 
 CHECKPOINT = "checkpoint.pt"
 CHECKPOINT_INFO = "checkpoint.json"
-IGNORED_KEYS = ("workers", "checkpoint_every", "log_clustering_every", "client_state")  # config keys that do not change results
+# config keys that do not change results (device, deterministic: beyond float rounding, see fedtail.engine.device)
+IGNORED_KEYS = ("workers", "checkpoint_every", "log_clustering_every", "client_state", "device", "deterministic")
 
 
 def _clean(value: Any) -> Any:

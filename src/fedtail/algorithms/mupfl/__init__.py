@@ -226,7 +226,7 @@ class MuPFLServer(ServerHalf):
         model = ctx.model()
         self.features: FederatedFeatures | None = None
         if opts.pkcf:
-            generator = torch.Generator().manual_seed(ctx.seed(0xFEA7))
+            generator = torch.Generator(device="cpu").manual_seed(ctx.seed(0xFEA7))
             self.features = FederatedFeatures(
                 ctx.num_classes,
                 model.classifier.in_features,
@@ -356,9 +356,9 @@ class ACMUEdge(EdgeHalf):
         for w, n in zip(updated, sizes):
             mean.add(w, n)
         tensors = mean.result() | {
-            "acmu/clients": torch.tensor(cids),
-            "acmu/clusters": torch.as_tensor(labels),
-            "acmu/pca": torch.as_tensor(project_2d(points)),
+            "acmu/clients": torch.tensor(cids, device="cpu"),
+            "acmu/clusters": torch.as_tensor(labels, device="cpu"),
+            "acmu/pca": torch.as_tensor(project_2d(points), device="cpu"),
         }
         if opts.pkcf:  # per-class sums and holder counts; the server divides (Eq. 17)
             for c in cids:

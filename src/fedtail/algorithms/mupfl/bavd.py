@@ -156,7 +156,7 @@ class ActivationMaps:
     def flat(self) -> torch.Tensor:
         """All maps as one vector (what ACMU compares); empty before the first step."""
         parts = [m.flatten() for m in self.maps if m is not None]
-        return torch.cat(parts) if parts else torch.zeros(0)
+        return torch.cat(parts) if parts else torch.zeros(0, device="cpu")
 
     # -- training -----------------------------------------------------------------------------
     def _keep(self, output: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
@@ -182,8 +182,9 @@ class ActivationMaps:
 
         return hook
 
-    def on_step(self, loss: float) -> None:
+    def on_step(self, loss: torch.Tensor) -> None:
         """Fold this step's batch-mean activations into the maps (Eq. 6)."""
+        loss = float(loss)  # ψ is the scalar weight of Eq. 6's sum (on a GPU: one wait per step)
         psi = None if self.last_loss is None else self.psi_sign * (loss - self.last_loss)
         for k, mean in enumerate(self._batch_means):
             if mean is None:
