@@ -9,7 +9,7 @@ PIP    := $(BIN)/python -m pip install --disable-pip-version-check -q $(FIND_LIN
 
 FLOWER := $(VENV)/.installed-flower
 
-.PHONY: demo test test-flower data install install-flower bench bench-flower bench-scaling clean
+.PHONY: demo test test-flower data install install-flower bench bench-gpu bench-flower bench-scaling clean
 
 install: $(STAMP)
 
@@ -41,6 +41,11 @@ test-flower: data install-flower
 
 bench: data
 	$(BIN)/python benchmarks/throughput.py
+
+# On a machine with an NVIDIA GPU (benchmarks/gpu.py): the Python that holds your CUDA build of torch, with
+# fedtail importable from src/ (not .venv, which holds the CPU build); Fashion-MNIST as `fedtail run` finds it.
+bench-gpu:
+	PYTHONPATH=src$${PYTHONPATH:+:$$PYTHONPATH} $(PYTHON) benchmarks/gpu.py --out gpu.json --markdown gpu.md
 
 bench-flower: data install-flower
 	$(BIN)/python benchmarks/flower_rounds.py

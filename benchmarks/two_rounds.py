@@ -2,7 +2,7 @@
 
     python benchmarks/two_rounds.py --device cpu --out a.json        # run every packaged algorithm
     python benchmarks/two_rounds.py --compare a.json b.json          # bit-identical? (exit 1 if not)
-    python benchmarks/two_rounds.py --compare cpu.json gpu.json --tolerance 1e-3
+    python benchmarks/two_rounds.py --compare cpu.json gpu.json --tolerance
 
 What it is for:
 - **The CPU stays bit-identical across code changes.** Run it before and after a change on one
@@ -10,7 +10,8 @@ What it is for:
   cover every metrics row (timings left out), the server's and the edges' state and every client's
   state after the last round, bit for bit.
 - **CPU against GPU** (``benchmarks/gpu.py``, part b): the same runs on both devices, the final
-  metrics side by side, with the largest difference of any metric after round 1 and at the end.
+  metrics side by side, with the largest differences after the first evaluated round (relative,
+  of the training losses; absolute, of the accuracies; :data:`TOLERANCE`) and at the end.
 
 The protocol is small and fixed: 10 Dirichlet (α 0.5, imbalance 10) clients of ``cnn-fmnist``, half
 of them a round, 1 local epoch of batch 64 at lr 0.01, every option at its default except the few
@@ -165,11 +166,9 @@ def _numbers(value: Any, path: str = "") -> dict[str, float]:
     return out
 
 
-def largest_difference(a: list[dict], b: list[dict], index: int) -> tuple[float, str]:
-    """The largest absolute difference of any number of the metrics rows ``a[index]``, ``b[index]``."""
-    na, nb = _numbers(a[index]), _numbers(b[index])
+def _largest(na: dict[str, float], nb: dict[str, float], keys) -> tuple[float, str]:
     worst, where = 0.0, ""
-    for key in na.keys() & nb.keys():
+    for key in keys:
         x, y = na[key], nb[key]
         if math.isnan(x) and math.isnan(y):
             continue
@@ -179,25 +178,49 @@ def largest_difference(a: list[dict], b: list[dict], index: int) -> tuple[float,
     return worst, where
 
 
-def compare(a: dict[str, Any], b: dict[str, Any], tolerance: float | None) -> int:
-    """Print the runs side by side; 0 when every algorithm agrees (bit for bit, or within ``tolerance``)."""
+def differences(a: list[dict], b: list[dict], index: int) -> dict[str, Any]:
+    """How two runs' metrics rows ``a[index]``, ``b[index]`` differ: the largest absolute difference
+    of a mean accuracy (personalised or global, named ones included: ``acc``, and which: ``acc_at``)
+    and the largest relative difference of a training loss (``loss``)."""
+    na, nb = _numbers(a[index]), _numbers(b[index])
+    keys = na.keys() & nb.keys()
+    acc, at = _largest(na, nb, [k for k in keys if k.endswith(("personalized_acc", "global_acc"))])
+    loss = 0.0
+    for key in (k for k in keys if "loss" in k):
+        x, y = na[key], nb[key]
+        if math.isfinite(x) and math.isfinite(y) and max(abs(x), abs(y)) > 0:
+            loss = max(loss, abs(x - y) / max(abs(x), abs(y)))
+    return {"acc": acc, "acc_at": at, "loss": loss}
+
+
+# Agreement of two devices after the first evaluated round (benchmarks/gpu.py, part b): float32 on both,
+# different kernels, so the weights differ in their last bits; a test sample near a decision boundary
+# can then flip, which moves a client's accuracy by 1 / (its test samples) and the mean over the
+# 10 clients of this protocol by a tenth of that (0.4 points for one sample of the smallest client).
+TOLERANCE = {"loss": 1e-4, "acc": 0.01}
+
+
+def compare(a: dict[str, Any], b: dict[str, Any], tolerance: dict[str, float] | None) -> int:
+    """Print the runs side by side; 0 when every algorithm agrees (bit for bit, or after the first
+    evaluated round within ``tolerance``: relative training loss, absolute accuracy)."""
     bad = 0
-    print(f"{'algorithm':12} {'acc A':>8} {'acc B':>8} {'max |diff| r1':>14} {'max |diff| end':>15}  verdict")
+    print(f"{'algorithm':12} {'acc A':>8} {'acc B':>8} {'loss r1':>9} {'acc r1':>8} {'acc end':>8}  verdict")
     for name in sorted(a["runs"].keys() | b["runs"].keys()):
         ra, rb = a["runs"].get(name), b["runs"].get(name)
         if ra is None or rb is None or "error" in ra or "error" in rb:
             print(f"{name:12} missing or failed: {(ra or {}).get('error') or (rb or {}).get('error') or 'absent'}")
             bad += 1
             continue
-        first, _ = largest_difference(ra["rows"], rb["rows"], 0)
-        last, where = largest_difference(ra["rows"], rb["rows"], -1)
+        first, last = differences(ra["rows"], rb["rows"], 0), differences(ra["rows"], rb["rows"], -1)
         identical = ra["digest"] == rb["digest"]
-        ok = identical if tolerance is None else first <= tolerance
-        verdict = "identical" if identical else (f"differs ({', '.join(k for k in ra['digest'] if ra['digest'][k] != rb['digest'][k])})")
+        within = tolerance is not None and first["loss"] <= tolerance["loss"] and first["acc"] <= tolerance["acc"]
+        ok = identical or within
+        verdict = "identical" if identical else "differs in " + ", ".join(
+            k for k in ra["digest"] if ra["digest"][k] != rb["digest"][k])
         if tolerance is not None and not identical:
-            verdict += f"; round 1 {'within' if ok else 'beyond'} {tolerance:g}" + (f" (worst: {where})" if last else "")
+            verdict += "; round 1 " + ("within" if within else "beyond") + " the tolerance"
         acc = lambda r: r["rows"][-1].get("personalized_acc")  # noqa: E731
-        print(f"{name:12} {acc(ra):8.4f} {acc(rb):8.4f} {first:14.3g} {last:15.3g}  {verdict}")
+        print(f"{name:12} {acc(ra):8.4f} {acc(rb):8.4f} {first['loss']:9.2g} {first['acc']:8.4f} {last['acc']:8.4f}  {verdict}")
         bad += not ok
     return 1 if bad else 0
 
@@ -208,12 +231,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="write the results here (JSON)")
     parser.add_argument("--algorithms", default="", help="comma-separated subset (default: every packaged one)")
     parser.add_argument("--compare", nargs=2, type=Path, metavar=("A", "B"))
-    parser.add_argument("--tolerance", type=float, default=None,
-                        help="with --compare: agreement within this absolute difference after round 1, not bit for bit")
+    parser.add_argument("--tolerance", action="store_true",
+                        help="with --compare: agreement after the first evaluated round within TOLERANCE, not bit for bit")
     args = parser.parse_args(argv)
     if args.compare:
         a, b = (json.loads(p.read_text()) for p in args.compare)
-        return compare(a, b, args.tolerance)
+        return compare(a, b, TOLERANCE if args.tolerance else None)
     from fedtail.machine import machine_info
     from fedtail.provenance import code_info
 

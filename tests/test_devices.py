@@ -47,7 +47,7 @@ VARIANTS: list[tuple[str, dict]] = [
     ("ifca", {"options": {"init": "common"}}),
     ("fedrema", {"options": {"random_feature": "code", "head_weighting": "samples"}}),
     ("fedgroup", {"options": {"newcomer_start": "global_mean", "eta_g": 0.5, "mu": 0.1}}),
-    ("cgpfl", {"options": {"warm_start": False, "first_start": "init"}}),
+    ("cgpfl", {"options": {"warm_start": True, "first_start": "init"}}),
     ("fedrep", {"options": {"final_finetune": True}}),
     ("ditto", {"options": {"personal_init": "initial", "personal_epochs": 2}}),
     ("fedavg", {"train": {"local_steps": 3, "grad_clip": 1.0, "momentum": 0.9}, "eval_split": "val",

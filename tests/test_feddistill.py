@@ -42,7 +42,7 @@ def test_distillation_term_by_hand_and_logit_recording():
     ) / 4
     assert float(distill_divergence(logits, y, teacher, present, "kl")) == pytest.approx(kl, rel=1e-6)
     # the extra loss is λ·φ and records every batch's logits per label
-    record = ClassStats.zeros(3, 3)
+    record = ClassStats.zeros(3, 3, "cpu")
     term = distill_loss((teacher, present), 0.5, "kl", record)
     assert float(term(None, None, y, logits)) == pytest.approx(0.5 * kl, rel=1e-6)
     term(None, None, y[:2], logits[:2])
@@ -52,7 +52,7 @@ def test_distillation_term_by_hand_and_logit_recording():
     assert torch.allclose(record.means[2], torch.tensor([1.0, 1.0, 4.0]))
     # nothing to add and nothing to record: no extra loss at all; λ = 0 while recording adds 0
     assert distill_loss(None, 1.0, "kl") is None and distill_loss((teacher, present), 0.0, "mse") is None
-    zero = distill_loss((teacher, present), 0.0, "kl", ClassStats.zeros(3, 3))(None, None, y, logits)
+    zero = distill_loss((teacher, present), 0.0, "kl", ClassStats.zeros(3, 3, "cpu"))(None, None, y, logits)
     assert float(zero) == pytest.approx(0.0, abs=1e-12)
 
 

@@ -105,7 +105,7 @@ def test_ensemble_weights_survive_sigmoid_underflow():
     logits = -300.0 + 5 * F.one_hot(labels, C).float().expand(K, n, C)  # every a_k ≈ −900
     gate = gate_for(C, 5)
     fitted, losses = fit_gate(gate, logits, torch.randn(n, 5), torch.zeros(n, C), labels,
-                              draw_batches(n, 20, 5, torch.Generator().manual_seed(0)), lr=0.01, weighting="gated")
+                              draw_batches(n, 20, 5, torch.Generator().manual_seed(0), torch.device("cpu")), lr=0.01, weighting="gated")
     assert all(math.isfinite(x) for x in losses)
     assert all(bool(torch.isfinite(v).all()) for v in fitted.values())
 
@@ -145,7 +145,7 @@ def test_fitting_the_gate_removes_a_head_class_bias():
     features = torch.randn(n, 5)
     gate = gate_for(C, 5, gate_bias=[3.0])
     before = calibrated_logits(gate, z, features, anchor, "gated").argmax(1).eq(labels).float().mean()
-    batches = draw_batches(n, 20, 120, torch.Generator().manual_seed(0))
+    batches = draw_batches(n, 20, 120, torch.Generator().manual_seed(0), torch.device("cpu"))
     fitted, losses = fit_gate(gate, z, features, anchor, labels, batches, lr=0.1, weighting="gated")
     after = calibrated_logits(fitted, z, features, anchor, "gated").argmax(1).eq(labels).float().mean()
     assert before < 0.5 and float(after) == pytest.approx(1.0)
@@ -170,7 +170,7 @@ def test_distillation_lowers_the_kl_to_the_teacher_on_the_server_data():
 
     before = kl()
     generator = torch.Generator().manual_seed(0)
-    batches = draw_batches(len(index), 32, 60, generator)
+    batches = draw_batches(len(index), 32, 60, generator, index.device)
     kls = distil(model, dataset, data.split, index, teacher, batches, data.labelled, [],
                  lr=0.01, weight_decay=0.0, weight=1.0, temperature=2.0)
     assert kl() < 0.7 * before

@@ -49,7 +49,7 @@ class HistoryComm(ScriptedComm):
 
 
 def test_collaboration_statistics_by_hand():
-    stats = ClassStats.zeros(3, 2)
+    stats = ClassStats.zeros(3, 2, "cpu")
     stats.add(torch.tensor([[1.0, 0.0], [3.0, 2.0], [0.0, 4.0]]), torch.tensor([0, 0, 2]))
     v, h = collaboration_statistics(stats)
     # p = (2/3, 0, 1/3), μ_0 = (2, 1), μ_2 = (0, 4), E‖φ‖² = 7 and 16:
@@ -57,7 +57,7 @@ def test_collaboration_statistics_by_hand():
     assert float(v) == pytest.approx(2.0)
     assert torch.allclose(h, torch.tensor([[4 / 3, 2 / 3], [0.0, 0.0], [0.0, 4 / 3]], dtype=torch.float64))
     # one class, identical features: no variance at all
-    same = ClassStats.zeros(2, 2)
+    same = ClassStats.zeros(2, 2, "cpu")
     same.add(torch.ones(4, 2), torch.zeros(4, dtype=torch.int64))
     assert float(collaboration_statistics(same)[0]) == pytest.approx(0.0, abs=1e-12)
 
@@ -186,7 +186,7 @@ def test_client_uploads_statistics_of_the_received_body():
     # V and h come from the received (initial) body, the prototypes from the trained one
     ctx = ClientContext(cid, 1, 0, rt.views.at(1)[cid], rt.workspace, rt.options)
     ctx.load(init)
-    stats = ClassStats.zeros(5, model.feature_dim)
+    stats = ClassStats.zeros(5, model.feature_dim, "cpu")
     x, y = rt.workspace.dataset.batch(rt.workspace.dataset.train, rt.views.at(1)[cid].train)
     with torch.no_grad():
         stats.add(ctx.model().features(x), y)

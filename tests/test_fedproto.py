@@ -170,7 +170,7 @@ def test_recording_adds_the_features_and_keeps_the_loss():
     from fedtail.algorithms.fedproto import recording
     from fedtail.algorithms.prototypes import ClassStats
 
-    record = ClassStats.zeros(3, 2)
+    record = ClassStats.zeros(3, 2, "cpu")
     f = torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 0.0]])
     y = torch.tensor([0, 0, 2])
     zero = recording(None, record)(None, None, y, None, f)

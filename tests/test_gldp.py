@@ -435,7 +435,7 @@ def test_nested_stages_keep_the_body_of_the_previous_stage_task_across_rounds_of
 
 def _fake_ctx(seen: list[int], state: dict | None = None) -> SimpleNamespace:
     data = SimpleNamespace(seen_classes=torch.tensor(seen))
-    return SimpleNamespace(num_classes=4, data=data, state=state or {})
+    return SimpleNamespace(num_classes=4, data=data, state=state or {}, device=torch.device("cpu"))
 
 
 def test_nearest_prototype_prediction_among_held_classes_by_hand():

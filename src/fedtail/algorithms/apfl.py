@@ -92,20 +92,21 @@ class APFLConfig(AlgorithmConfig):
 
 
 def mixed_backward(
-    personal: nn.Module, w: list[torch.Tensor], alpha: float, x: torch.Tensor, y: torch.Tensor, adaptive: bool
-) -> tuple[torch.Tensor, float]:
+    personal: nn.Module, w: list[torch.Tensor], alpha: float | torch.Tensor, x: torch.Tensor, y: torch.Tensor,
+    adaptive: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One forward/backward of the cross-entropy at v̄ = α·v + (1 − α)·w on a batch.
 
     v is the parameters of ``personal``, ``w`` the matching tensors (not differentiated). Leaves
     ∇_v f(v̄) = α·∇f(v̄) in v's ``.grad`` and returns the loss and ∂f(v̄)/∂α = ⟨v − w, ∇f(v̄)⟩
-    (0 when not ``adaptive``). The forward runs ``personal``'s own buffers.
+    (a 0-dim tensor; None when not ``adaptive``). The forward runs ``personal``'s own buffers.
     """
     names, v = zip(*personal.named_parameters())
-    a = torch.tensor(alpha, dtype=v[0].dtype, device=v[0].device, requires_grad=adaptive)
+    a = torch.as_tensor(alpha, dtype=v[0].dtype, device=v[0].device).detach().requires_grad_(adaptive)
     mixed = {name: a * p + (1 - a) * q.detach() for name, p, q in zip(names, v, w, strict=True)}
     loss = F.cross_entropy(functional_call(personal, mixed, (x,)), y)
     loss.backward()
-    return loss.detach(), float(a.grad) if adaptive else 0.0
+    return loss.detach(), a.grad if adaptive else None
 
 
 def mix(v: Tensors, w: Tensors, alpha: float) -> Tensors:
@@ -128,7 +129,9 @@ class _PersonalSteps:
         self.w = w
         self.optimizer = ctx.optimizer(self.params, role="personal")
         self.clip = ctx.train_config.grad_clip
-        self.alpha = alpha
+        # α as a float64 number on the device: updated there step by step (the host's arithmetic,
+        # bit for bit) and read back once, by :attr:`value`
+        self.alpha = torch.tensor(alpha, dtype=torch.float64, device=ctx.device)
         self.alpha_lr = ctx.lr if opts.alpha_lr is None else opts.alpha_lr
         self.adaptive = opts.adaptive
         self.updated = opts.mix_w == "updated"
@@ -154,7 +157,12 @@ class _PersonalSteps:
             torch.nn.utils.clip_grad_norm_(self.params, self.clip)
         self.optimizer.step()
         if self.adaptive:
-            self.alpha = min(1.0, max(0.0, self.alpha - self.alpha_lr * grad_alpha))
+            self.alpha = (self.alpha - self.alpha_lr * grad_alpha.double()).clamp(0.0, 1.0)
+
+    @property
+    def value(self) -> float:
+        """α after the steps."""
+        return float(self.alpha)
 
 
 class APFLClient(ClientHalf):
@@ -171,7 +179,7 @@ class APFLClient(ClientHalf):
         steps.optimizer.zero_grad(set_to_none=True)
         upload = ctx.weights()
         ctx.state["v"] = ctx.weights("personal")
-        ctx.state["alpha"] = steps.alpha
+        ctx.state["alpha"] = steps.value
         if opts.eval_w == "local":
             ctx.state["w"] = upload
         return ctx.reply(upload)

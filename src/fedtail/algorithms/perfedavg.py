@@ -202,6 +202,8 @@ class PerFedAvgClient(ClientHalf):
         params = list(model.parameters())
         optimizer = ctx.optimizer(params, lr=beta)
         clip = ctx.train_config.grad_clip
+        # summed on the device in float64 (as the host's sum of float(loss) * n), read once at the end
+        loss_sum = torch.zeros((), dtype=torch.float64, device=ctx.device)
         for indices in step_batches(ctx, k, opts.steps):
             batches = [ctx.dataset.batch(ctx.dataset.train, index) for index in indices]
             direction, losses = meta_gradient(model, batches, alpha, hessian)
@@ -211,9 +213,10 @@ class PerFedAvgClient(ClientHalf):
                 torch.nn.utils.clip_grad_norm_(params, clip)
             optimizer.step()
             for loss, (_, y) in zip(losses, batches):
-                ctx.stats.loss_sum += float(loss) * len(y)
+                loss_sum += loss.detach().double() * len(y)
                 ctx.stats.samples += len(y)
             ctx.stats.steps += 1
+        ctx.stats.loss_sum += float(loss_sum)
         optimizer.zero_grad(set_to_none=True)
         return ctx.reply(ctx.weights())
 
