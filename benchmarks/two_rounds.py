@@ -50,14 +50,24 @@ CHEAP: dict[str, dict[str, Any]] = {
 }
 
 
+# Runs beside the algorithms' own: NAME@VARIANT -> (algorithm, settings). A BatchNorm ResNet (global
+# average pooling, batch statistics; a few steps, it is slow on a CPU).
+VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "fedavg@resnet8": ("fedavg", {"model": "resnet8", "train": {"local_steps": 5}}),
+}
+
+
 def algorithms() -> list[str]:
+    """Every packaged algorithm, then the variants."""
     from fedtail.algorithms import ALGORITHMS
 
-    return sorted(n for n, spec in ALGORITHMS.items() if spec.server.__module__.startswith("fedtail."))
+    return sorted(n for n, spec in ALGORITHMS.items() if spec.server.__module__.startswith("fedtail.")) + list(VARIANTS)
 
 
 def raw_config(name: str, **top: Any) -> dict[str, Any]:
-    """The run of algorithm ``name`` (a raw config dict, as a TOML file would give it)."""
+    """The run ``name`` (an algorithm or a variant; a raw config dict, as a TOML file would give it)."""
+    name, variant = VARIANTS.get(name, (name, {}))
+    top = variant | top
     raw: dict[str, Any] = {
         "algorithm": name,
         "dataset": "fmnist",
@@ -129,7 +139,8 @@ def run_one(name: str, device: str | None = None, **top: Any) -> dict[str, Any]:
     from fedtail.engine.simulation import Simulation
 
     extra = {} if device is None else {"device": device}
-    config = build_config(_option_ok(name, raw_config(name, **top, **extra)))
+    raw = raw_config(name, **top, **extra)
+    config = build_config(_option_ok(raw["algorithm"], raw))
     dataset, partition = prepare(config)
     rows: list[dict[str, Any]] = []
     start = time.perf_counter()

@@ -74,3 +74,21 @@ def test_paired_clients_counts_wins_ties_and_losses_per_seed(tmp_path):
     _paired_run(tmp_path / "B" / "seed1", [b])
     res = subprocess.run([sys.executable, script, str(tmp_path), "A", "B"], capture_output=True, text=True)
     assert res.returncode != 0 and "not a finished run" in res.stderr
+
+
+def test_the_gpu_benchmark_runs_through_on_the_cpu(tmp_path):
+    """benchmarks/gpu.py --quick on the CPU: every part runs and its checks hold (it measures nothing here)."""
+    out, md = tmp_path / "gpu.json", tmp_path / "gpu.md"
+    subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks/gpu.py"), "--device", "cpu", "--quick", "--out", str(out), "--markdown", str(md)],
+        capture_output=True, text=True, check=True, timeout=600,
+    )  # fmt: skip
+    result = json.loads(out.read_text())
+    a, b, c = result["a"], result["b"]["comparison"], result["c"]
+    assert a["serial_repeat_identical"] and a["workers"]["2"]["identical_to_serial"]  # the same bits, serial or not
+    assert a["efficiency_serial"] > 0 and a["transfers_per_round"]["batches"] > 0
+    assert set(b) == {"fedavg", "fedproto"} and all(r["identical"] for r in b.values())  # the CPU against itself
+    for name in ("FedReMa Table 1", "MuPFL Table II"):
+        assert c[name]["cpu_2core"]["seconds_per_round"] > 0 and c[name]["device"][0]["seconds_per_round"] > 0
+    text = md.read_text()
+    assert "### a. Engine throughput" in text and "| fedproto |" in text and "MuPFL Table II" in text

@@ -11,6 +11,7 @@ the rows and states it gives without the meta default.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from types import MappingProxyType
 
 import pytest
@@ -92,6 +93,16 @@ def test_every_algorithm_makes_its_tensors_on_the_run_device(name, extra, tmp_pa
         meta_states = _states(meta)
     assert strip_timing(meta_rows) == strip_timing(plain_rows)
     assert same(meta_states, plain_states)
+
+
+def test_the_plug_in_example_makes_its_tensors_on_the_run_device(monkeypatch):
+    """The contract holds for an algorithm written outside fedtail (examples/my_fedprox.py)."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "examples"))
+    config = algorithm_config("my_fedprox:ALGORITHM", device="cpu", checkpoint_every=0, options={"mu": 0.1})
+    plain_rows, plain = run(config)
+    with torch.device("meta"):
+        meta_rows, meta = run(config)
+    assert strip_timing(meta_rows) == strip_timing(plain_rows) and same(_states(meta), _states(plain))
 
 
 def test_the_meta_default_catches_a_tensor_made_without_its_device():
@@ -222,3 +233,20 @@ def _host_reads(epochs: int) -> tuple[int, int]:
 def test_training_and_evaluation_read_nothing_back_per_batch():
     """The host reads the loss once per training pass and once per evaluation, however many batches."""
     assert _host_reads(1) == _host_reads(4) == (1, 1)
+
+
+# --- Flower ---------------------------------------------------------------------------------------
+
+
+def test_a_supernode_takes_its_own_device_from_its_node_config():
+    pytest.importorskip("flwr")
+    from fedtail.flower import FlowerError
+    from fedtail.flower.node import NodeSettings, hello
+
+    assert NodeSettings.from_node_config({"clients": "0"}).device == "auto"
+    assert NodeSettings.from_node_config({"clients": "0", "device": "CPU"}).device == "cpu"
+    with pytest.raises(FlowerError, match="node config device='gpu'"):
+        NodeSettings.from_node_config({"clients": "0", "device": "gpu"})
+    config = tiny_config(device="cuda:7")  # the server's device: not the node's
+    answer = hello({"config": config.model_dump_json()}, {"clients": "0,1", "device": "cpu"})
+    assert answer["clients"] == [0, 1] and answer["device"] == "cpu"

@@ -51,6 +51,16 @@ def shuffled(index: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     return index[perm.to(index.device)]
 
 
+def class_counts(labels: torch.Tensor, num_classes: int, where: torch.Tensor | None = None) -> torch.Tensor:
+    """How many of ``labels`` (values in 0..num_classes − 1) fall in each class, among those ``where``
+    holds (a bool mask) if given: ``torch.bincount``'s counts, int64, without its read of the
+    largest label (on a GPU a wait for the device, each call)."""
+    hits = labels.unsqueeze(1) == torch.arange(num_classes, device=labels.device)
+    if where is not None:
+        hits &= where.unsqueeze(1)
+    return hits.sum(0)
+
+
 class Comm(Protocol):
     """What a server half can do during a round; provided by the engine (simulator or Flower)."""
 

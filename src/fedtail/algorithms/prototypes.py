@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, Literal
 
 import torch
 
+from fedtail.algorithms.base import class_counts
+
 if TYPE_CHECKING:
     from torch import nn
 
@@ -60,7 +62,7 @@ class ClassStats:
     def add(self, values: torch.Tensor, labels: torch.Tensor) -> None:
         v = values.detach().to(torch.float64)
         self.sums.index_add_(0, labels, v)
-        self.counts += torch.bincount(labels, minlength=len(self.counts))
+        self.counts += class_counts(labels, len(self.counts))
         self.sq_norms.index_add_(0, labels, v.pow(2).sum(1))
 
     @property

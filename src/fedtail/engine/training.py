@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedtail.algorithms.base import shuffled
+from fedtail.algorithms.base import class_counts, shuffled
 from fedtail.data.base import Dataset, Split
 
 # extra_loss(model, x, y, logits) -> tensor added to the cross-entropy (FedProx, Ditto, ...)
@@ -206,13 +206,13 @@ def evaluate(
             scores = several[main] if several else out
             loss_sum += F.cross_entropy(scores, y, reduction="sum").double()
             cell = None if groups is None else groups[start : start + batch_size] * num_classes + y
-            total += torch.bincount(y, minlength=num_classes)
+            total += class_counts(y, num_classes)
             if cell is not None:
-                by_total += torch.bincount(cell, minlength=size)
+                by_total += class_counts(cell, size)
             for name, s in [(None, scores), *several.items()]:
                 hit = s.argmax(dim=1) == y
-                counts = torch.bincount(y[hit], minlength=num_classes)
-                by = None if cell is None else torch.bincount(cell[hit], minlength=size)
+                counts = class_counts(y, num_classes, hit)
+                by = None if cell is None else class_counts(cell, size, hit)
                 if name is None:
                     correct += counts
                     if by is not None:
