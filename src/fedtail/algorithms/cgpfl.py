@@ -55,6 +55,9 @@ Missing replies (``--dropout``, rejected replies): k-means runs on the uploads t
 (k = min(K, uploads)), and generalized models that no cluster of them continues are unchanged. A
 client that did not reply keeps its θ_i and its association; the fallback model counts the
 associations of every client that ever uploaded.
+
+Devices: the server's k-means and matching (Gram matrices, SciPy's assignment) run on the CPU,
+where the uploads arrive; the clients' inner steps on ``ctx.device``.
 """
 
 from __future__ import annotations

@@ -51,6 +51,10 @@ Linear for deeper heads (cnn2fc), whose other head layers then stay FedAvg's.
 Missing replies (``--dropout``, rejected replies): w^t averages the models that arrived and g^c
 the gradients of the replying clients that hold c; a class none of them holds is left out of the
 matching (its features keep their values) and still takes part in the re-training.
+
+Devices: the server's feature matching and classifier re-training run on the compute device (the
+features and the averaged gradients go there for the round and come back to the CPU); clients on
+``ctx.device``.
 """
 
 from __future__ import annotations

@@ -77,6 +77,9 @@ one float32 matrix that grows by doubling.
 
 Model split (reference setting, ``fedtail list``): the embedding φ is all but the last layer
 (the paper), so runs get ``--head last``; for convnet that is the model's own split.
+
+Devices: the server's clustering (PCA on the Gram matrix, LrCos, the EM steps, G_c) runs on the
+CPU, where the uploads arrive; clients train on ``ctx.device``.
 """
 
 from __future__ import annotations

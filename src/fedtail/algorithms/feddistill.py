@@ -49,6 +49,9 @@ plain SGD (momentum 0), no gradient clipping, the model's own body/head split
 labels, a sample's own logits where its label has none), ``exclude_self=false`` and
 ``aggregation="uniform"`` (``serverdistill.py``: one plain mean over the uploading clients, sent
 to everybody). The option defaults are FD's reading above.
+
+Devices: the server's per-label logit means run on the CPU, where the uploads arrive; clients on
+``ctx.device``.
 """
 
 from __future__ import annotations

@@ -70,6 +70,9 @@ nothing else happens). A client whose cold start got no reply stays a newcomer a
 group model that round. Each cold start is an exchange of its own: a round in which all of P, or
 all of the round's newcomers, fail is ended and undone by the engine, even if grouped clients
 were alive.
+
+Devices: EDC (the SVD of the updates' Gram matrix, k-means) runs on the CPU, where the uploads
+arrive.
 """
 
 from __future__ import annotations

@@ -60,6 +60,10 @@ for (v, b_g) at the start.
 Missing replies (``--dropout``, rejected replies): w̄ averages the models that arrived, and the
 ensemble (ω_k, h(x), or the plain mean of logits) runs over those clients only (K is the number
 of replies); the gate's parameters are per class and feature, not per client, so they carry over.
+
+Devices: the server's passes over its data (the clients' logits, the calibration model, the gate,
+the distillation) run on the compute device; the global weights and the gate stay on the CPU
+between rounds.
 """
 
 from __future__ import annotations

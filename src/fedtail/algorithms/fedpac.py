@@ -64,6 +64,9 @@ implementation stands for FedReMa's baseline: the last linear layer as the head,
 (momentum 0), no clipping, global prototypes as the uniform mean over their holders
 (``aggregation="uniform"``); PFLlib trains the head for one epoch before the body's E, as
 ``head_epochs = 1`` does.
+
+Devices: each client's quadratic program (SciPy) runs on the server's CPU, where the statistics
+arrive; the clients' prototypes and training on ``ctx.device``.
 """
 
 from __future__ import annotations

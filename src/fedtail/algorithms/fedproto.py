@@ -51,6 +51,9 @@ outputs of FC 512, not the 1024-d convolution output); plain SGD (momentum 0), n
 global prototypes as the plain mean over their holders (``aggregation="uniform"``, PFLlib's
 ``proto_aggregation``, as the authors' code) of prototypes averaged over the training batches
 (``prototypes="training"``).
+
+Devices: the server's prototype means run on the CPU, where the uploads arrive; the clients'
+prototypes and prediction on ``ctx.device``.
 """
 
 from __future__ import annotations

@@ -87,6 +87,9 @@ Each round logs ``fedrema``: ``ccp`` (this round aggregated by MDS), ``ccp_round
 so far: Table 3's "epochs of CCP"), and in MDS rounds ``mean_gap`` (Δs̄^t), ``max_gap``,
 ``ratio``, ``ended`` (the CCP ended this round), ``clients`` (the uploading ids, sorted),
 ``set_sizes`` and, for runs of at most 32 clients, ``sets`` (each A_k as client ids).
+
+Devices: the server's soft logits, S and MDS are a few small products and run on the CPU, where
+the uploaded heads arrive.
 """
 
 from __future__ import annotations

@@ -72,6 +72,9 @@ are seeded at the end of the first round by which min(K, clients) clients have u
 then clients train the initial model and nothing is clustered or logged. (Seeding as soon as one
 round's clients had uploaded left K − clients-per-round centres as random initialisations, far
 from every trained model, so they never won a member.)
+
+Devices: the E- and M-steps (distances on the Gram matrix, k-means++) run on the CPU, where the
+uploads arrive.
 """
 
 from __future__ import annotations

@@ -44,6 +44,8 @@ end of the next round (FedAvg goes on meanwhile). A client that did not reply th
 when it first replies afterwards: it trains w^n like the others did, and joins the cluster whose
 mean clustering update is nearest to its update under ``metric`` (that reply is used for the
 assignment only, since it did not start from θ_c); until then it is evaluated with w^n.
+
+Devices: the agglomerative clustering (scikit-learn) runs on the CPU, where the updates arrive.
 """
 
 from __future__ import annotations

@@ -135,6 +135,9 @@ Missing replies (``--dropout``, rejected replies): φ, the global prototypes (ov
 holders of each class) and the mean classifier average the replies that arrived; a class none of
 them holds keeps its previous global prototype. A client that did not reply keeps its classifier,
 local prototypes and stage state, as a client not sampled.
+
+Devices: the server's prototype means run on the CPU, where the uploads arrive; the clients'
+prototypes, losses and nearest-prototype prediction on ``ctx.device``.
 """
 
 from __future__ import annotations

@@ -35,6 +35,9 @@ Interpretations where the paper is silent (options, or noted here):
 Missing replies (``--dropout``, rejected replies): each cluster averages the replies that chose
 it; a cluster none of the replying clients chose keeps its model, as one nobody picked. The
 ``clustering`` log lists the clients that replied.
+
+Devices: the server only averages (on the CPU); each client's loss of the K models runs on
+``ctx.device``.
 """
 
 from __future__ import annotations

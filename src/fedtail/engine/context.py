@@ -22,6 +22,7 @@ from torch import nn
 
 from fedtail.algorithms.base import AlgorithmConfig, Message, Tensors
 from fedtail.config import RunConfig, TrainConfig
+from fedtail.engine.device import to_device
 from fedtail.data.base import Dataset, Split
 from fedtail.engine.training import (
     EvalCounts,
@@ -66,9 +67,9 @@ class Workspace:
 
     @property
     def init_weights(self) -> Tensors:
-        """The run's common initial model (computed once per process)."""
+        """The run's common initial model, on the workspace's device (computed once per process)."""
         if self._init_weights is None:
-            self._init_weights = initial_weights(self.config, self.dataset)
+            self._init_weights = to_device(initial_weights(self.config, self.dataset), self.device)
         return self._init_weights
 
     def model(self, role: str = "main") -> SplitModel:

@@ -123,6 +123,10 @@ received (:mod:`.acmu`); an edge none of whose clients replied forwards nothing,
 model is the weighted mean over the edges that forwarded. PKCF averages the gradients of the
 replying holders of each class; a class none of them holds keeps its features. A client that did
 not reply keeps its personal model and its BAVD map.
+
+Devices: PKCF's feature matching runs on the server's compute device (the features come back to
+the CPU after it); ACMU's clustering of the edge's n clients (cosine Gram matrix, k-means,
+silhouettes) runs on the CPU, where the replies arrive; clients train on ``ctx.device``.
 """
 
 from __future__ import annotations
