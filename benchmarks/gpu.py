@@ -3,8 +3,9 @@
     python benchmarks/gpu.py --out gpu.json --markdown gpu.md     # on a GPU machine (also `make bench-gpu`)
     python benchmarks/gpu.py --device cpu --quick --out q.json    # the script itself on a CPU, in a minute
 
-One run measures everything, in this order, writing ``--out`` after each part (a run cut short
-keeps what it measured) and, at the end, ``--markdown``: the GPU section of benchmarks/RESULTS.md.
+One run measures everything (a, then c, then b, the longest), writing ``--out`` after each part
+and each run in it (a run cut short keeps what it measured) and, at the end, ``--markdown``: the GPU
+section of benchmarks/RESULTS.md.
 
 a. **Throughput** (the protocol of ``benchmarks/throughput.py`` on the device: FedAvg on long-tailed
    Fashion-MNIST, 50 clients, 20 % a round, 2 local epochs, batch 64, ``cnn-fmnist``): a bare
@@ -483,7 +484,8 @@ def main(argv: list[str] | None = None) -> int:
         args.out.write_text(json.dumps(out, indent=1, default=str))
 
     start = time.perf_counter()
-    for part, run in (("a", part_a), ("b", part_b), ("c", part_c)):
+    # b last: the longest, and the targets are a's and c's
+    for part, run in (("a", part_a), ("c", part_c), ("b", part_b)):
         if part in args.parts:
             began = time.perf_counter()
             run(args, out, save)

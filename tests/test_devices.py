@@ -201,16 +201,26 @@ def test_shuffles_are_drawn_on_the_cpu_generator_and_land_on_the_index_device():
     assert torch.equal(a, b)  # the stream and the order of the CPU runs are kept
 
 
+# What reads a tensor's value back to the host (on a GPU each waits for the device): item() and
+# float()/int() (``_local_scalar_dense``, ``item`` under inference mode), bool() (``is_nonzero``),
+# nonzero() and boolean-mask indexing (the result's size).
+_READS = {torch.ops.aten._local_scalar_dense, torch.ops.aten.item, torch.ops.aten.is_nonzero, torch.ops.aten.nonzero,
+          torch.ops.aten.masked_select}  # fmt: skip
+
+
 class HostReads(TorchDispatchMode):
-    """Counts reads of a tensor's value by the host (``float(t)``, ``t.item()``, ``bool(t)``): on a GPU
-    each one waits for the device."""
+    """Counts the reads of tensor values by the host while it is active (see ``_READS``)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.count = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func is torch.ops.aten._local_scalar_dense.default:
+        if func.overloadpacket in _READS:
+            self.count += 1
+        elif func.overloadpacket is torch.ops.aten.index and any(
+            isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in (args[1] if len(args) > 1 else [])
+        ):
             self.count += 1
         return func(*args, **(kwargs or {}))
 
@@ -227,12 +237,46 @@ def _host_reads(epochs: int) -> tuple[int, int]:
     with HostReads() as evaluation:
         evaluate(model, rt.workspace.dataset, data.eval_split, data.eval_index.repeat(epochs), 5, batch_size=4)
     assert stats.steps >= 8 * epochs  # many batches
+    with HostReads() as reading:
+        assert stats.loss > 0
+    assert reading.count == 1  # the loss is read when it is asked for
     return training.count, evaluation.count
 
 
 def test_training_and_evaluation_read_nothing_back_per_batch():
-    """The host reads the loss once per training pass and once per evaluation, however many batches."""
-    assert _host_reads(1) == _host_reads(4) == (1, 1)
+    """Training reads nothing back (its loss is read when asked for), an evaluation its loss once."""
+    assert _host_reads(1) == _host_reads(4) == (0, 1)
+
+
+def test_the_read_counter_sees_every_kind_of_read():
+    x = torch.arange(4.0)
+    for read in (lambda: float(x[0]), lambda: bool(x[1]), lambda: x.nonzero(), lambda: x[x > 1], lambda: x.item() if False else x[0].item()):
+        with HostReads() as reads:
+            read()
+        assert reads.count >= 1
+    with torch.inference_mode(), HostReads() as reads:
+        float(x.sum())
+    assert reads.count >= 1
+
+
+@pytest.mark.parametrize("name", PACKAGED)
+def test_no_client_half_reads_back_per_batch_or_epoch(name, monkeypatch):
+    """A client task reads as many values back with 3 local epochs as with 1: none per batch or epoch."""
+    from fedtail.engine.executors import ClientRuntime
+
+    counts = []
+    original = ClientRuntime.run
+    for epochs in (1, 3):
+        reads = HostReads()
+
+        def counted(self, task, reads=reads):
+            with reads:
+                return original(self, task)
+
+        monkeypatch.setattr(ClientRuntime, "run", counted)
+        run(algorithm_config(name, device="cpu", rounds=2, checkpoint_every=0, train={"local_epochs": epochs}))
+        counts.append(reads.count)
+    assert counts[0] == counts[1], f"{name}: {counts[0]} reads with 1 local epoch, {counts[1]} with 3"
 
 
 # --- Flower ---------------------------------------------------------------------------------------

@@ -48,7 +48,15 @@ def shuffled(index: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     device (a client's or server's generator is on the CPU), so every compute device draws the
     same order from the same seed."""
     perm = torch.randperm(len(index), generator=generator, device=generator.device)
-    return index[perm.to(index.device)]
+    return index[to_like(perm, index)]
+
+
+def to_like(value: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``value`` (a small tensor drawn on the host) on ``like``'s device; to a GPU from pinned memory
+    without waiting (a plain copy from the host would wait for the GPU's queued work)."""
+    if like.device.type == "cuda" and value.device.type == "cpu":
+        return value.pin_memory().to(like.device, non_blocking=True)
+    return value.to(like.device)
 
 
 def class_counts(labels: torch.Tensor, num_classes: int, where: torch.Tensor | None = None) -> torch.Tensor:

@@ -134,10 +134,9 @@ class CReFFServer(ServerHalf):
         self.retrained: Tensors = {name: self.weights[key].clone() for name, key in zip(("weight", "bias"), self.keys)}
         # The server's working classifier, on the compute device: matched under, then re-drawn and
         # re-trained, every round (the features go there for it, the results come back to the CPU).
-        with torch.random.fork_rng(devices=[]):  # its init is overwritten; leave the global stream alone
-            self.linear = torch.nn.Linear(
-                model.classifier.in_features, model.classifier.out_features, device=ctx.device
-            )
+        with torch.random.fork_rng(devices=[]), torch.device("cpu"):  # its init is overwritten; leave the global stream alone
+            linear = torch.nn.Linear(model.classifier.in_features, model.classifier.out_features)
+        self.linear = linear.to(ctx.device)
         generator = torch.Generator(device="cpu").manual_seed(ctx.seed(0xFEA7))
         self.features = FederatedFeatures(
             ctx.num_classes, model.classifier.in_features, opts.num_features, generator,

@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedtail.algorithms.base import shuffled
+from fedtail.algorithms.base import shuffled, to_like
 from fedtail.data.base import Dataset
 from fedtail.models.base import SplitModel
 
@@ -333,23 +333,24 @@ class FederatedFeatures:
         """
         home, device = self.features.device, classifier.weight.device
         real = {k: v.to(device) for k, v in real.items()}
-        present = present.to(device)
+        classes = present.to(torch.bool).nonzero().flatten().to(device)  # read once, not per step
         # updated in place below; the old tensor may be in a message
         self.features = self.features.to(device, copy=True)
         before = None
         for _ in range(self.iterations):
-            loss = self._step(classifier, real, present)
+            loss = self._step(classifier, real, classes)
             if before is None:
-                before = float(loss)
+                before = loss
         with torch.no_grad():
-            after = float(self.loss(classifier, real, present))
+            after = float(self.loss(classifier, real, present.to(device)))
         self.features = self.features.to(home)
-        return (after if before is None else before), after
+        return (after if before is None else float(before)), after
 
     def _step(
-        self, classifier: nn.Linear, real: Mapping[str, torch.Tensor], present: torch.Tensor
+        self, classifier: nn.Linear, real: Mapping[str, torch.Tensor], classes: torch.Tensor
     ) -> torch.Tensor | float:
-        """One SGD step on the features, in place; returns the loss before it (a 0-dim tensor).
+        """One SGD step on the features, in place, for the present ``classes`` (sorted class ids);
+        returns the loss before it (a 0-dim tensor).
 
         The gradient is :meth:`loss`'s, in closed form. With H a class's m features, z = HWᵀ + b,
         p = softmax(z), r = (p − onehot)/m, g_W = rᵀH, g_b = Σ_i r_i, and A = ∂L/∂g_W, a = ∂L/∂g_b
@@ -360,7 +361,6 @@ class FederatedFeatures:
         Autograd through the whole loss gives the same (a test checks it) but materialises several
         C·m × D intermediates a step; this reads H three times and updates it in place.
         """
-        classes = present.to(torch.bool).nonzero().flatten()
         if len(classes) == 0:
             return 0.0
         every = len(classes) == self.num_classes
@@ -430,10 +430,12 @@ def train_classifier(
     features, labels = features.detach().to(device), labels.to(device)
     onehot = F.one_hot(labels, weight.shape[0]).to(weight.dtype)
     n = len(labels)
-    for _ in range(epochs):
+    # Every epoch's order drawn first, in the order the epochs would draw them, and moved at once.
+    orders = to_like(torch.stack([torch.randperm(n, generator=generator, device=generator.device)
+                                  for _ in range(epochs)]), weight) if epochs else []  # fmt: skip
+    for order in orders:
         # A gather per batch, not one of the whole shuffled set per epoch: that copy (C·m × D
         # floats, 50 MB at m 400 on cnn-fmnist) cost more than the steps; the values are the same.
-        order = torch.randperm(n, generator=generator, device=generator.device).to(device)
         for start in range(0, n, batch_size):
             index = order[start : start + batch_size]
             h = features.index_select(0, index)

@@ -76,7 +76,16 @@ import torch.nn.functional as F
 from pydantic import Field
 
 from fedtail.algorithms.aggregate import WeightedMean
-from fedtail.algorithms.base import Algorithm, AlgorithmConfig, Comm, Message, Reference, ServerHalf, Tensors
+from fedtail.algorithms.base import (
+    Algorithm,
+    AlgorithmConfig,
+    Comm,
+    Message,
+    Reference,
+    ServerHalf,
+    Tensors,
+    class_counts,
+)
 from fedtail.algorithms.fedavg import FedAvgClient
 from fedtail.errors import ConfigError
 
@@ -229,7 +238,10 @@ def draw_batches(
 ) -> list[torch.Tensor]:
     """``steps`` independent batches of min(size, n) distinct positions in 0..n−1, drawn on
     ``generator``'s device (the CPU) and put on ``device``."""
-    return [torch.randperm(n, generator=generator, device=generator.device)[:size].to(device) for _ in range(steps)]
+    if steps == 0:
+        return []
+    drawn = torch.stack([torch.randperm(n, generator=generator, device=generator.device)[:size] for _ in range(steps)])
+    return list(drawn.to(device).unbind())  # one copy for all of them
 
 
 def _floats(values: list[torch.Tensor]) -> list[float]:
@@ -429,7 +441,7 @@ class FEDICClient(FedAvgClient):
         reply = super().fit(msg, ctx)
         opts: FEDICConfig = ctx.options
         if opts.prior_tau > 0 and opts.distill_steps > 0:  # the server's logit adjustment needs the prior
-            reply.tensors[COUNTS] = torch.bincount(ctx.dataset.train.y[ctx.data.train], minlength=ctx.num_classes)
+            reply.tensors[COUNTS] = class_counts(ctx.dataset.train.y[ctx.data.train], ctx.num_classes)
         return reply
 
 

@@ -150,7 +150,16 @@ from pydantic import Field
 from torch import nn
 
 from fedtail.algorithms.aggregate import WeightedMean
-from fedtail.algorithms.base import Algorithm, AlgorithmConfig, ClientHalf, Comm, Message, ServerHalf, Tensors
+from fedtail.algorithms.base import (
+    Algorithm,
+    AlgorithmConfig,
+    ClientHalf,
+    Comm,
+    Message,
+    ServerHalf,
+    Tensors,
+    class_counts,
+)
 from fedtail.algorithms.fedproto import MEANS, PRESENT, global_prototypes, prototype_payload
 from fedtail.algorithms.fedrep import train_only
 from fedtail.algorithms.prototypes import Alignment, ClassMean, ClassStats, nearest_prototype_scores
@@ -466,7 +475,7 @@ class GLDPClient(ClientHalf):
         target = prototype_payload(msg)
         if target is not None and opts.glpr and opts.lam < 1:
             labels = ctx.dataset.train.y[ctx.data.train]
-            weights = glpr_class_weights(torch.bincount(labels, minlength=ctx.num_classes), opts.glpr_weighting)
+            weights = glpr_class_weights(class_counts(labels, ctx.num_classes), opts.glpr_weighting)
             glpr = (*target, weights)
         lpr = None
         if "old_shared" in ctx.state and uses_lpr(opts) and bool(ctx.state["old_present"].any()):
@@ -489,15 +498,17 @@ def uses_lpr(opts: GLDPConfig) -> bool:
     return opts.lpr and opts.lam > 0
 
 
-def nearest(
-    z: torch.Tensor, target: tuple[torch.Tensor, torch.Tensor] | None, held: torch.Tensor
-) -> torch.Tensor | None:
-    """Nearest-prototype scores among the held classes that have a prototype (None: none has)."""
+def usable_prototypes(
+    target: tuple[torch.Tensor, torch.Tensor] | None, held: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The prototypes and the mask of the held classes that have one; None where none has (decided
+    once per evaluation, not per batch)."""
     if target is None:
         return None
     protos, present = target
     usable = present & held
-    return nearest_prototype_scores(z, protos, usable) if bool(usable.any()) else None
+    return (protos, usable) if bool(usable.any()) else None
+
 
 
 def prediction(
@@ -506,14 +517,16 @@ def prediction(
     """The three named scores of one pass: ``gp`` / ``lp``, the nearest global / local prototype
     among the held classes (the classifier's scores where none of them has one), ``head``."""
     held = held_classes(ctx)
-    global_target = prototype_payload(msg)
     local_target = (ctx.state["protos"], ctx.state["present"]) if "protos" in ctx.state else None
+    usable_global = usable_prototypes(prototype_payload(msg), held)
+    usable_local = usable_prototypes(local_target, held)
 
     def scores(x: torch.Tensor) -> dict[str, torch.Tensor]:
         z = embed(model, x)
         head = model.classifier(z)
-        gp, lp = nearest(z, global_target, held), nearest(z, local_target, held)
-        return {"gp": head if gp is None else gp, "lp": head if lp is None else lp, "head": head}
+        gp = head if usable_global is None else nearest_prototype_scores(z, *usable_global)
+        lp = head if usable_local is None else nearest_prototype_scores(z, *usable_local)
+        return {"gp": gp, "lp": lp, "head": head}
 
     return scores
 

@@ -216,7 +216,7 @@ class PerFedAvgClient(ClientHalf):
                 loss_sum += loss.detach().double() * len(y)
                 ctx.stats.samples += len(y)
             ctx.stats.steps += 1
-        ctx.stats.loss_sum += float(loss_sum)
+        ctx.stats.loss_sum = ctx.stats.loss_sum + loss_sum
         optimizer.zero_grad(set_to_none=True)
         return ctx.reply(ctx.weights())
 

@@ -305,7 +305,7 @@ class Channel:
             by_edge.setdefault(int(self.edge_of[cid]), {})[cid] = reply
         out = {}
         for edge_id in sorted(by_edge):
-            forwarded = self._edge_reduce(edge_id, by_edge[edge_id])
+            forwarded = {k: to_host(m) for k, m in self._edge_reduce(edge_id, by_edge[edge_id]).items()}
             self.bytes_edge_up += sum(m.nbytes for m in forwarded.values())
             out[edge_id] = forwarded
         return out

@@ -31,18 +31,23 @@ OnStep = Callable[[torch.Tensor], None]
 
 @dataclass
 class TrainStats:
-    """Totals of one local training pass, reported to the server as metrics."""
+    """Totals of one local training pass, reported to the server as metrics.
 
-    loss_sum: float = 0.0
+    ``loss_sum`` is a float64 0-dim tensor on the training device once something was trained (summed
+    there: adding float64 tensors gives the sum the host's floats would), read back once, by
+    :attr:`loss` (so several passes of one task wait for the device once).
+    """
+
+    loss_sum: float | torch.Tensor = 0.0
     samples: int = 0
     steps: int = 0
 
     @property
     def loss(self) -> float:
-        return self.loss_sum / self.samples if self.samples else float("nan")
+        return float(self.loss_sum) / self.samples if self.samples else float("nan")
 
     def __iadd__(self, other: "TrainStats") -> "TrainStats":
-        self.loss_sum += other.loss_sum
+        self.loss_sum = self.loss_sum + other.loss_sum
         self.samples += other.samples
         self.steps += other.steps
         return self
@@ -112,7 +117,7 @@ def train_epochs(
         loss_sum += value.double() * n
         stats.samples += n
         stats.steps += 1
-    stats.loss_sum = float(loss_sum)
+    stats.loss_sum = loss_sum
     return stats
 
 
