@@ -33,6 +33,7 @@ VARIANTS: list[tuple[str, dict]] = [
     ("mupfl", {"options": {"bavd": True}}),
     ("mupfl", {"options": {"bavd": True, "bavd_map": "accumulated", "bavd_mask": "value", "bavd_map_shape": "hw"}}),
     ("mupfl", {"options": {"reading": "personal", "pkcf_order": "after-aggregation"}}),
+    ("mupfl", {"options": {"bavd": True, "bavd_map": "epoch", "bavd_eval": True, "bavd_rescale": False}}),
     ("apfl", {"options": {"mix_w": "previous", "eval_w": "local", "personal_start": "initial"}}),
     ("perfedavg", {"options": {"variant": "hf", "steps": "pfllib"}}),
     ("fedproto", {"options": {"predict": "head", "prototypes": "training", "keep_absent": False}}),

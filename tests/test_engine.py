@@ -259,3 +259,15 @@ def test_feature_loss_sees_the_body_output_and_zero_loss_changes_nothing():
     for k in results[0]:
         assert torch.equal(results[0][k], results[1][k]), k
     assert any(not torch.equal(results[0][k], results[2][k]) for k in results[0])
+
+
+def test_on_epoch_is_called_before_every_pass_over_the_data():
+    import torch
+
+    from fedtail.engine.training import _schedule
+
+    index = torch.arange(10)
+    passes = [e for e, _ in _schedule(index, 4, torch.Generator().manual_seed(0), 3, None) if e is not None]
+    assert passes == [0, 1, 2]  # 3 epochs of 3 batches each
+    steps = [e for e, _ in _schedule(index, 4, torch.Generator().manual_seed(0), 1, 7) if e is not None]
+    assert steps == [0, 1, 2]  # 7 steps: 3 + 3 + 1 batches, a new pass at each reshuffle

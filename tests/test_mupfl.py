@@ -338,6 +338,56 @@ def test_batch_map_masks_from_the_current_batch_from_the_first_step():
     assert torch.equal(out, captured["plain"] * keep)
 
 
+def test_eval_mask_masks_evaluation_with_the_stored_map_unscaled():
+    model = _cnn()
+    x = torch.randn(4, 1, 8, 8)
+    planted = torch.rand(32, 8, 8)
+    captured = {}
+    model.body[1].register_forward_hook(lambda m, i, o: captured.__setitem__("plain", o.clone()))
+    model.eval()
+    maps = ActivationMaps([0], psi_sign=-1.0, rescale=True, eval_mask=True)
+    maps.maps[0] = planted.clone()
+    with maps.attached(model):
+        out = model.body[:2](x)
+    keep = keep_mask(planted)
+    assert 0 < keep.float().mean() < 1
+    assert torch.equal(out, captured["plain"] * keep)  # masked, and not divided by the kept fraction
+    maps.maps[0] = None  # no map yet (a client that never trained): the identity
+    with maps.attached(model):
+        assert torch.equal(model.body[:2](x), captured["plain"])
+
+
+def test_epoch_and_round_maps_start_again_where_their_window_starts(monkeypatch):
+    """``bavd_map = "epoch"``: the map restarts before every local epoch; ``"round"``: before every fit."""
+    starts = []
+    original = ActivationMaps.reset
+
+    def reset(self, epoch=None):
+        starts.append(epoch)
+        original(self, epoch)
+
+    monkeypatch.setattr(ActivationMaps, "reset", reset)
+    config = mupfl_config(bavd_map="epoch", pkcf=False).model_copy(update={"rounds": 1})
+    config = config.model_copy(update={"train": config.train.model_copy(update={"local_epochs": 3})})
+    rows, sim = run(config)
+    fits = len(rows[-1]["rounds_log"][0]["clients"])  # one round
+    assert starts == [0, 1, 2] * fits
+    starts.clear()
+    run(config.model_copy(update={"options": config.options | {"bavd_map": "round"}}))
+    assert starts == [None] * fits
+    for name, options in (("epoch", {"bavd_map": "epoch"}), ("round", {"bavd_map": "round"})):
+        _, sim = run(mupfl_config(**options))
+        for state in sim.client_state.values():  # the uploaded map is the last window's
+            assert all(m is not None for m in state["bavd"]["maps"]), name
+
+
+def test_the_eval_mask_changes_what_is_evaluated():
+    plain, _ = run(mupfl_config(bavd_map="epoch", bavd_rescale=False))
+    masked, _ = run(mupfl_config(bavd_map="epoch", bavd_rescale=False, bavd_eval=True))
+    assert [r["train_loss"] for r in plain[:1]] == [r["train_loss"] for r in masked[:1]]  # round 1 trains alike
+    assert plain[0]["per_client_acc"] != masked[0]["per_client_acc"]  # the evaluation differs
+
+
 def test_hw_maps_drop_whole_positions_across_channels():
     model = _cnn()
     x = torch.randn(3, 1, 8, 8)

@@ -28,6 +28,7 @@ from fedtail.engine.training import (
     EvalCounts,
     ExtraLoss,
     FeatureLoss,
+    OnEpoch,
     OnStep,
     Predict,
     TrainStats,
@@ -245,6 +246,7 @@ class ClientContext:
         index: torch.Tensor | None = None,
         on_step: OnStep | None = None,
         feature_loss: FeatureLoss | None = None,
+        on_epoch: OnEpoch | None = None,
         **hyper: float,
     ) -> TrainStats:
         """Local SGD on this client's training data; the stats also accumulate in ``ctx.stats``.
@@ -254,6 +256,8 @@ class ClientContext:
 
         ``feature_loss(model, x, y, logits, features)`` is ``extra_loss`` plus the body's output
         of the batch (the model must be a :class:`SplitModel`).
+
+        ``on_step(loss)`` runs after every step, ``on_epoch(e)`` before every pass over the data.
 
         ``hyper`` overrides the optimizer settings (momentum, weight_decay) for this call.
         """
@@ -276,6 +280,7 @@ class ClientContext:
             params=params,
             on_step=on_step,
             feature_loss=feature_loss,
+            on_epoch=on_epoch,
         )
         self.stats += stats
         return stats

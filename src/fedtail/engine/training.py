@@ -27,6 +27,9 @@ FeatureLoss = Callable[[nn.Module, torch.Tensor, torch.Tensor, torch.Tensor, tor
 # on_step(loss) is called after every optimizer step with the batch's cross-entropy, a detached
 # 0-dim tensor on the model's device (MuPFL's BAVD; float(loss) waits for the device)
 OnStep = Callable[[torch.Tensor], None]
+# on_epoch(e) is called before the first batch of every pass over the data, e = 0, 1, ... (BAVD's
+# per-epoch map)
+OnEpoch = Callable[[int], None]
 
 
 @dataclass
@@ -80,6 +83,7 @@ def train_epochs(
     on_step: OnStep | None = None,
     steps: int | None = None,
     feature_loss: FeatureLoss | None = None,
+    on_epoch: OnEpoch | None = None,
 ) -> TrainStats:
     """SGD epochs over ``dataset.train[index]``; the loss is taken from the training pass itself.
 
@@ -94,7 +98,9 @@ def train_epochs(
     split = dataset.train
     # Summed on the device in float64: the same sum, bit for bit, as adding float(loss) * n on the host.
     loss_sum = torch.zeros((), dtype=torch.float64, device=index.device)
-    for batch in _schedule(index, batch_size, generator, epochs, steps):
+    for epoch, batch in _schedule(index, batch_size, generator, epochs, steps):
+        if on_epoch is not None and epoch is not None:
+            on_epoch(epoch)
         x, y = dataset.batch(split, batch)
         if feature_loss is None:
             logits = model(x)
@@ -123,19 +129,22 @@ def train_epochs(
 
 def _schedule(
     index: torch.Tensor, batch_size: int, generator: torch.Generator, epochs: int, steps: int | None
-) -> Iterable[torch.Tensor]:
-    """The batches of one local training pass: ``epochs`` epochs, or exactly ``steps`` batches."""
+) -> Iterable[tuple[int | None, torch.Tensor]]:
+    """The batches of one local training pass: ``epochs`` epochs, or exactly ``steps`` batches; each
+    with the number of the pass over the data it starts (None for the batches after its first)."""
     if steps is None:
-        for _ in range(epochs):
-            yield from batches(index, batch_size, generator)
+        for epoch in range(epochs):
+            for i, batch in enumerate(batches(index, batch_size, generator)):
+                yield (epoch if i == 0 else None), batch
         return
-    done = 0
+    done, epoch = 0, 0
     while done < steps:
-        for batch in batches(index, batch_size, generator):
-            yield batch
+        for i, batch in enumerate(batches(index, batch_size, generator)):
+            yield (epoch if i == 0 else None), batch
             done += 1
             if done == steps:
                 return
+        epoch += 1
 
 
 # predict(x) -> scores (a tensor), or several named scores of one pass ({name: scores})

@@ -131,6 +131,7 @@ silhouettes) runs on the CPU, where the replies arrive; clients train on ``ctx.d
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import TYPE_CHECKING, Literal
 
 import numpy as np
@@ -188,9 +189,13 @@ class MuPFLConfig(AlgorithmConfig):
         "map", description="zero positions whose normalised map is below its mean (map), or activations whose "
         "own normalised value is (value); see bavd.py"
     )
-    bavd_map: Literal["accumulated", "batch"] = Field(
+    bavd_map: Literal["accumulated", "batch", "epoch", "round"] = Field(
         "batch", description="mask from this batch alone (the best BAVD reading on validation data), or from the "
-        "Eq. 6 map accumulated over steps and rounds"
+        "Eq. 6 map accumulated over every step and round, started again every local epoch, or every round (bavd.py)"
+    )
+    bavd_eval: bool = Field(
+        False, description="at evaluation (and for PKCF's real gradients) mask with the client's stored map too, "
+        "not rescaled (Sec. 3.1's variant that retains only high activations); off: the identity, as dropout"
     )
     bavd_map_shape: Literal["chw", "hw"] = Field("chw", description="one map value per C×H×W position, or per H×W")
     psi_sign: Literal[1, -1] = Field(-1, description="ψ = sign·(ℓ(λ) − ℓ(λ−1)); +1 is Eq. 6 as written")
@@ -414,18 +419,12 @@ class MuPFLClient(PersonalClient):
             self._tune(msg, ctx)
         start = ctx.weights()
 
-        maps = ActivationMaps.from_state(
-            self._layers(ctx),
-            float(opts.psi_sign),
-            ctx.state.get("bavd"),
-            opts.bavd_rescale,
-            mask=opts.bavd_mask,
-            source=opts.bavd_map,
-            shape=opts.bavd_map_shape,
-        )
+        maps = self._maps(ctx)
         if opts.bavd:
+            if opts.bavd_map == "round":
+                maps.reset()  # CLIENTUPDATE starts from M_i0
             with maps.attached(model):
-                ctx.train(on_step=maps.on_step)
+                ctx.train(on_step=maps.on_step, on_epoch=maps.reset if opts.bavd_map == "epoch" else None)
             ctx.state["bavd"] = maps.state()
         else:
             ctx.train()
@@ -437,9 +436,36 @@ class MuPFLClient(PersonalClient):
         if opts.bavd:
             tensors[MAP] = maps.flat()
         if opts.pkcf:
-            grads, present = class_gradients(model, ctx.dataset, ctx.data.train, ctx.num_classes, ctx.generator)
+            with self._masked(model, ctx, maps):  # the features the evaluated model's classifier sees
+                grads, present = class_gradients(model, ctx.dataset, ctx.data.train, ctx.num_classes, ctx.generator)
             tensors |= pack_class_gradients(grads, present, prefix=GRAD)
         return ctx.reply(tensors)
+
+    def _maps(self, ctx: ClientContext) -> ActivationMaps:
+        """The client's BAVD maps as its state holds them, under the run's reading."""
+        opts: MuPFLConfig = ctx.options
+        return ActivationMaps.from_state(
+            self._layers(ctx),
+            float(opts.psi_sign),
+            ctx.state.get("bavd"),
+            opts.bavd_rescale,
+            mask=opts.bavd_mask,
+            source=opts.bavd_map,
+            shape=opts.bavd_map_shape,
+            eval_mask=opts.bavd_eval,
+        )
+
+    def _masked(self, model: torch.nn.Module, ctx: ClientContext, maps: ActivationMaps | None = None):
+        """The BAVD layers in ``model`` at evaluation (``bavd_eval``: the stored map's mask), else nothing."""
+        opts: MuPFLConfig = ctx.options
+        if not (opts.bavd and opts.bavd_eval):
+            return nullcontext()
+        return (maps or self._maps(ctx)).attached(model)
+
+    def evaluate(self, msg: Message, ctx: ClientContext) -> Message:
+        model = ctx.load(ctx.state.get("personal", self.start(msg, ctx)))
+        with self._masked(model, ctx):
+            return ctx.evaluate()
 
     def personalise(self, msg: Message, ctx: ClientContext) -> Message:
         """End of a round: adopt w̃_i (personal reading) and/or tune the classifier (after-aggregation)."""

@@ -29,8 +29,18 @@ defaults are Eq. 6 as written (accumulated map, ψ as written, no rescaling).
   of the batch and channel dimensions ... across all B×C slices" (Sec. 3.6: a per-sample,
   per-channel selection), and the motivating variant of FedAvg "which retains only high
   activation values" (Sec. 3.1). The map then sets how much is kept (μ), not where.
-- ``source = "batch"`` (MuPFL's default when BAVD is on): the mask comes from this batch's mean activation alone (M^(0) of
-  Eq. 6 every step) instead of the accumulated map; the uploaded map still follows Eq. 6.
+- ``source`` says over which steps the map of Eq. 6 runs, and so what the mask comes from:
+  ``"accumulated"``, over every step of every round (the map never starts again); ``"epoch"``, it
+  starts again (λ = 0) at every local epoch, as "λ representing the specific training iteration
+  for each batch within a given local epoch" (Sec. 3.3) and "updating activation maps personalized
+  to each local model's epoch" (Sec. 1) read; ``"round"``, it starts again at every round, as
+  Algorithm 1 hands CLIENTUPDATE the initial map M_i0 (line 6) and the client returns the map it
+  made (line 21); ``"batch"`` (MuPFL's default when BAVD is on), the mask comes from this batch's
+  mean activation alone (M^(0) of Eq. 6 every step), the uploaded map following Eq. 6 accumulated.
+  With ``"epoch"`` / ``"round"`` the uploaded map is the one of the last epoch / of the round.
+- ``eval_mask``: at evaluation the layer applies the mask of the client's stored map too (not
+  rescaled), the variant of Sec. 3.1 "which retains only high activation values"; otherwise (the
+  default) it is the identity at evaluation, as a dropout layer is.
 - ``shape = "hw"``: the map is averaged over channels, H×W as the paper types M; ``"chw"``
   (default) keeps one value per position of every channel.
 - ``psi_sign``: the prose says "A negative coefficient ψ indicates detrimental prediction
@@ -59,7 +69,7 @@ from torch import nn
 ACTIVATIONS = (nn.ReLU, nn.LeakyReLU, nn.GELU, nn.SiLU, nn.ReLU6)
 
 Mask = Literal["map", "value"]
-Source = Literal["accumulated", "batch"]
+Source = Literal["accumulated", "batch", "epoch", "round"]
 Shape = Literal["chw", "hw"]
 
 
@@ -125,6 +135,7 @@ class ActivationMaps:
         mask: Mask = "map",
         source: Source = "accumulated",
         shape: Shape = "chw",
+        eval_mask: bool = False,
     ) -> None:
         self.layers = layers
         self.psi_sign = psi_sign
@@ -132,6 +143,7 @@ class ActivationMaps:
         self.mask = mask
         self.source = source
         self.shape = shape
+        self.eval_mask = eval_mask
         self.maps: list[torch.Tensor | None] = [None] * len(layers)
         self.last_loss: float | None = None
         self._batch_means: list[torch.Tensor | None] = [None] * len(layers)
@@ -146,6 +158,12 @@ class ActivationMaps:
             self.maps = [None if m is None else m.clone() for m in state["maps"]]
             self.last_loss = state["last_loss"]
         return self
+
+    def reset(self, epoch: int | None = None) -> None:
+        """Start the maps again (λ = 0 of Eq. 6): at a local epoch (``source = "epoch"``, as
+        ``on_epoch``) or a round (``"round"``)."""
+        self.maps = [None] * len(self.layers)
+        self.last_loss = None
 
     @classmethod
     def from_state(
@@ -166,8 +184,10 @@ class ActivationMaps:
 
     def _hook(self, k: int):
         def hook(module: nn.Module, inputs, output: torch.Tensor):
-            if not module.training:
-                return None  # identity at evaluation
+            if not module.training:  # the identity at evaluation, or the stored map's mask, not rescaled
+                if not self.eval_mask or self.maps[k] is None:
+                    return None
+                return output * self._keep(output, self.maps[k]).to(output.dtype)
             mean = output.detach().mean(dim=0)
             if self.shape == "hw":
                 mean = channel_mean(mean)
