@@ -61,8 +61,7 @@ evaluated model. ``"before-local"`` (the default, the order validation chose): t
 go out with the next ``fit`` ("the server distributes h_glo^{t+1} to selected clients for
 local classifier tuning in the next round t+1") and the client tunes its classifier just
 before its E local epochs, which train over the calibration before anything evaluates it
-(issue 16's diagnostic, on the balanced test split and used for no choice: at round 4,
-65.7 % → 76.3 % after PKCF, 67.9 % after the local epochs).
+(``benchmarks/mupfl/README.md``, "PKCF order", measures how much of it remains).
 
 Other interpretations where the paper is silent (each a named option): BAVD's mask, map,
 shape, sign and rescaling (:mod:`.bavd`); Δw is measured from the model the local training
@@ -73,50 +72,32 @@ compares updates only), ``mupfl.acmu=false`` (w̃_i = w_i: plain weighted mean; 
 personal reading each client then shares nothing but the federated features),
 ``mupfl.pkcf=false``.
 
-**BAVD is off by default** (``bavd = false``; ``--set mupfl.bavd=true`` turns it on). Issue 16
-asked for a reading of Eq. 6 that helps; none did. At the test runs' budget
-(``validation2_fmnist.toml``, 40 rounds, validation data, global-start + before-local,
-personalised accuracy at round 40 / mean of the last 10 rounds) plain training scores **90.06 /
-90.02 %**; BAVD with the mask from the current batch 90.10 / 89.58 (a tie: within the sweep's
-0.3-point margin, so the simpler plain training stays), with each activation's own value 89.73 /
-89.84, the C×H×W map accumulated over steps and rounds (the earlier default) 87.94 / 87.65, the
-same averaged over channels (H×W, as the paper types M) 87.63 / 87.39, not rescaled 86.50 /
-86.27, ψ as written (+1) 86.13 / 86.22. When BAVD is on, its sub-options default to the best of
-these readings (mask from the current batch, C×H×W, ψ −1, rescaled, last activation); Eq. 6 as
-written is ``bavd_map = "accumulated", psi_sign = 1, bavd_rescale = false, bavd_layers = None``.
-Without BAVD there are no maps, ACMU's Dist (Eq. 8) compares updates only and α has no effect.
+**What acts under the default** (the configuration ``benchmarks/mupfl`` validated; its README,
+"Choices the paper leaves open", holds every validation table):
 
-The other defaults are the configuration ``benchmarks/mupfl`` validated and ran (α 0.25, τ 50;
-κ ∈ [2, 6]; m = 800 features per class, N(0, 0.1²), matched at lr 100; ``reading =
-"global-start"``, ``pkcf_order = "before-local"``). The paper gives no single m (its Fig. 7b
-plateaus beyond about 100); on validation data m 100 / 200 / 400 / 800 / 1600 scored 90.06 /
-90.64 / 91.22 / **92.02** / 91.10 % at round 40 (last 10 rounds: 90.02 / 90.78 / 91.11 /
-91.62 / 91.04), so m rose until its best value was inside the grid. A larger m costs time in
-PKCF's matching, about linearly (``benchmarks/feature_matching.py``). The readings and PKCF orders were validated against each other
-at the test runs' budget (``benchmarks/mupfl/validation2_fmnist.toml`` and
-``validation2_mupfl_fmnist.toml``: 40 rounds of the Table II protocol, α 0.5, IF 10, each
-client's held-out 15 %, personalised accuracy at round 40 / mean of the last 10 rounds), first
-with BAVD on (the accumulated map, later rejected), then with BAVD off:
+- BAVD: off (``bavd = false``): no reading of Eq. 6 beat plain training on validation data; with
+  it on, its sub-options default to the best reading found (mask from the current batch, C×H×W,
+  ψ −1, rescaled, last activation). Eq. 6 as written is ``bavd_map = "accumulated", psi_sign = 1,
+  bavd_rescale = false, bavd_layers = None``; ``bavd_map = "epoch" | "round"`` start the map again
+  every local epoch or round and ``bavd_eval`` masks at evaluation too (:mod:`.bavd`). Without BAVD
+  there are no maps, ACMU's Dist (Eq. 8) compares updates only and α has no effect.
+- ACMU: clusters each edge's updates, but its w̃_i only feed Eq. 15's average (``reading =
+  "global-start"``), so it changes the evaluated model only through the global body a client
+  starts from; every reading that makes w̃_i the evaluated model lost to the client's own trained
+  model on validation data.
+- PKCF: each client tunes its classifier τ epochs on the federated features just before its local
+  epochs (``pkcf_order = "before-local"``; after aggregation lost on validation data), so the
+  evaluated model starts from the tuned classifier.
 
-=====================  ==================  =================  ===============
-reading                PKCF order          BAVD on            BAVD off
-=====================  ==================  =================  ===============
-global-start           before-local        87.94 / 87.65      **90.06 / 90.02**
-global-start-acmu      before-local        —                  87.40 / 87.19
-personal               before-local        84.28 / 84.27      86.73 / 86.24
-global-start           after-aggregation   87.26 / 86.48      81.90 / 81.90
-personal               after-aggregation   82.31 / 82.09      70.74 / 71.50
-=====================  ==================  =================  ===============
+Real gradients (Eq. 16): taken after the local epochs with the client's own body f_i(u_i) and
+classifier v_i, as Algorithm 1 computes z_i^k (lines 19–20) after its training loop (lines 15–18);
+the server matches them under the new global classifier v_glo (Eq. 19). CReFF takes them before
+local training, under the classifier the server matches with, as its authors' code does: each
+follows its own paper and code (``creff.py``).
 
-Every reading in which ACMU's w̃_i becomes the evaluated model loses 2.7–3.3 points to the
-client's own trained model, and PKCF after aggregation loses 8.2 (global start) and 16.0 points
-(personal) against PKCF before local training in the same reading. A likely reason for both, not
-measured separately: the model evaluated is then no longer the one trained on the client's own
-data last; w̃_i replaces the client's update by its
-cluster's mean, and τ epochs on class-balanced features just before evaluation erase the
-client's own label prior, which its test data share. So ACMU personalises nothing under the
-default (it reweights the updates of Eq. 15's average; Tables V and VI show what that does) and
-the options stay options.
+The other defaults: α 0.25, τ 50, κ ∈ [2, 6], m = 800 features per class (the paper gives no single
+m; validation raised m until its best value lay inside the grid), N(0, 0.1²) features matched at
+lr 100. A larger m costs PKCF's matching time about linearly (``benchmarks/feature_matching.py``).
 
 Missing replies (``--dropout``, rejected replies): each edge clusters and reduces the replies it
 received (:mod:`.acmu`); an edge none of whose clients replied forwards nothing, and the global
@@ -479,7 +460,8 @@ class MuPFLClient(PersonalClient):
 
 MUPFL = Algorithm(
     name="mupfl",
-    summary="MuPFL (Zhang et al. 2024): BAVD dropout, ACMU edge clustering, PKCF classifier tuning",
+    summary="MuPFL (Zhang et al. 2024): BAVD dropout, ACMU edge clustering, PKCF classifier tuning; by default "
+    "PKCF tunes each classifier before local training, ACMU only reweights the global average, BAVD is off",
     server=MuPFLServer,
     client=MuPFLClient,
     config=MuPFLConfig,
