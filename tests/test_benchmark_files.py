@@ -11,7 +11,8 @@ import pytest
 from fedtail.report.tables import load_reference
 from fedtail.sweep.spec import load_sweep
 
-BENCHMARKS = Path(__file__).parent.parent / "benchmarks"
+ROOT = Path(__file__).resolve().parent.parent
+BENCHMARKS = ROOT / "benchmarks"
 FILES = sorted(BENCHMARKS.glob("*/*.toml"))
 
 
@@ -29,3 +30,23 @@ def test_benchmark_file_loads(path: Path):
     else:  # the paper's numbers for `fedtail report --reference`
         assert "reference" in data or "stages" in data, f"{path}: neither a sweep nor a reference file"
         load_reference(path)
+
+
+def test_papers_md_lists_every_table_and_figure_as_papers_toml_says():
+    """benchmarks/PAPERS.md is papers.toml rendered, every file it names exists, every table sweep is named."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("papers", ROOT / "benchmarks" / "papers.py")
+    papers = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(papers)
+    data = papers.load()
+    assert papers.problems(data) == []
+    assert (ROOT / "benchmarks" / "PAPERS.md").read_text() == papers.render(data) + "\n", "run python benchmarks/papers.py"
+    assert all(len(rows) >= 5 for rows in data.values())
+    # the checks bite: a missing file, an unknown status, a table sweep nobody names
+    broken = {k: [dict(r) for r in rows] for k, rows in data.items()}
+    broken["mupfl"][0] |= {"status": "done", "files": ["benchmarks/mupfl/NOPE.md"]}
+    broken["fedac"] = [r for r in broken["fedac"] if "table1_fmnist.toml" not in r.get("command", "")]
+    found = "\n".join(papers.problems(broken))
+    assert "NOPE.md does not exist" in found and "status 'done'" in found
+    assert "benchmarks/fedac/table1_fmnist.toml: a table sweep" in found
