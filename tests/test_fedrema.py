@@ -16,6 +16,7 @@ from fedtail.algorithms.fedrema import ccp_check, mds, random_feature, soft_logi
 from helpers import (
     PartialComm,
     ScriptedComm,
+    algorithm_config,
     assert_config_error,
     assert_same,
     assert_serial_and_parallel_agree,
@@ -566,3 +567,20 @@ def test_the_code_feature_gives_each_row_its_own_half_scale_draw(monkeypatch):
     rows.clear()
     round_with(*server())
     assert len(features) == 1 and rows[0].shape == (6, 6)
+
+
+@pytest.mark.parametrize("mds", [True, False])
+def test_similarity_rounds_log_s_without_changing_anything(mds):
+    """``similarity_rounds`` logs S(t) (Fig. 3), under MDS or FedAvg's heads (mds off), and changes no result."""
+    plain, _ = run(algorithm_config("fedrema", options={"mds": mds}))
+    logged, sim = run(algorithm_config("fedrema", options={"mds": mds, "similarity_rounds": [1, 3]}))
+    records = {log["round"]: log["fedrema_similarity"] for row in logged for log in row["rounds_log"]
+               if "fedrema_similarity" in log}  # fmt: skip
+    assert sorted(records) == [1, 3]
+    for rnd, rec in records.items():
+        S = rec["S"]
+        assert rec["round"] == rnd and rec["clients"] == sorted(rec["clients"]) and len(S) == len(rec["clients"])
+        assert all(s == pytest.approx(1.0, abs=1e-4) for s in (S[i][i] for i in range(len(S))))  # cosine with itself
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "elapsed_s"} | {"rounds_log": [  # noqa: E731
+        {k: v for k, v in log.items() if k != "fedrema_similarity"} for log in r["rounds_log"]]} for r in rows]
+    assert strip(logged) == strip(plain)

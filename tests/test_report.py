@@ -586,3 +586,26 @@ def test_report_needs_run_dirs_or_sweeps(two_sweeps, sweep_dir, tmp_path):
     res = invoke("report", "--sweep", tmp_path / "nope.toml", "--out", tmp_path / "R.md")
     assert res.exit_code == 2 and "nope.toml" in res.output
     assert not (tmp_path / "R.md").exists()
+
+
+def test_fedrema_similarity_heatmaps_from_a_fabricated_log(tmp_path):
+    from fedtail.report.plots import plot_similarity, similarity_records
+
+    def record(rnd):
+        s = [[1.0, 0.2 + 0.01 * rnd, 0.3], [0.2 + 0.01 * rnd, 1.0, 0.5], [0.3, 0.5, 1.0]]
+        return {"round": rnd, "clients": [0, 2, 5], "S": s}
+
+    log = {rnd: [{"round": rnd, "clients": [0, 2, 5]} | ({"fedrema_similarity": record(rnd)} if rnd in (1, 3, 6) else {})]
+           for rnd in range(1, 7)}  # fmt: skip
+    rows = [{"round": r, "rounds_log": log[r]} for r in range(1, 7)]
+    assert [rec["round"] for rec in similarity_records(rows)] == [1, 3, 6]
+    root = tmp_path / "runs"
+    make_run(root / "s" / "fedrema-fedavg" / "seed0", seed=0, final=0.8, best=0.82, best_round=5, rounds=6, rounds_log=log)
+    make_run(root / "s" / "fedavg" / "seed0", seed=0, final=0.7, best=0.7, best_round=6, rounds=6)
+    md = tmp_path / "R.md"
+    res = invoke("report", root, "--out", md)
+    assert res.exit_code == 0, res.output
+    png = tmp_path / "R-similarity-s-fedrema-fedavg.png"
+    assert png.stat().st_size > 5000 and "](R-similarity-s-fedrema-fedavg.png)" in md.read_text()
+    assert not list(tmp_path.glob("R-similarity-s-fedavg*"))  # runs without S get no heatmap
+    assert plot_similarity(rows[:1] and [{"round": 1, "rounds_log": [{"round": 1}]}], tmp_path / "none.png") is False

@@ -83,6 +83,12 @@ only "mini-batch SGD"). One difference remains: the authors' clients build their
 once, so its momentum buffer carries over from round to round (into the newly received body
 and head); fedtail's clients start every round with a fresh optimizer, like every other method.
 
+``similarity_rounds`` (Fig. 3: S(t) at t = 1, 50, 100, 150 under FedAvg) logs S itself at those
+rounds as ``fedrema_similarity`` (``round``, ``clients``: the uploading ids in S's order, ``S``
+rounded to 4 places), with MDS on or off (``mds = false`` is Table 5's FedAvg row: FedAvg with
+FedReMa's optimizer and head split), computed as in the MDS rounds and changing nothing else.
+``fedtail report`` draws each run's logged matrices as heatmaps.
+
 Each round logs ``fedrema``: ``ccp`` (this round aggregated by MDS), ``ccp_rounds`` (MDS rounds
 so far: Table 3's "epochs of CCP"), and in MDS rounds ``mean_gap`` (Δs̄^t), ``max_gap``,
 ``ratio``, ``ended`` (the CCP ended this round), ``clients`` (the uploading ids, sorted),
@@ -122,6 +128,10 @@ class FedReMaConfig(AlgorithmConfig):
     temperature: float = Field(0.5, gt=0, description="M in the soft logits softmax(head(r)/M)")
     head_weighting: Literal["uniform", "samples"] = Field(
         "uniform", description="heads in A_k averaged uniformly (authors' code) or by n_k (Eq. 7)"
+    )
+    similarity_rounds: list[int] = Field(
+        default_factory=list, description="rounds at which S(t) itself is logged (fedrema_similarity; Fig. 3), "
+        "with MDS on or off; changes no result"
     )
     mds: bool = Field(True, description="false: heads averaged like the body (plain FedAvg)")
     ccp: bool = Field(True, description="false: MDS every round, never the G-based aggregation")
@@ -223,12 +233,16 @@ class FedReMaServer(ServerHalf):
             uploaded[cid], sizes[cid] = head, n
         self.body = bodies.result()
         self.global_head = heads.result()
+        ids = sorted(uploaded)  # everything below is by client id, whatever the upload order
+        S = None
+        if rnd in opts.similarity_rounds:
+            S = self._similarity(rnd, ids, uploaded)
+            comm.log(fedrema_similarity={"round": rnd, "clients": ids, "S": [[round(float(v), 4) for v in row] for row in S]})
         if not opts.mds:  # Table 5's "None (FedAvg)": every client gets the FedAvg head
             return
         self.uploads.update(uploaded)
-        ids = sorted(uploaded)  # everything below is by client id, whatever the upload order
         if self.in_ccp:
-            comm.log(fedrema=self._relevant_matching(rnd, ids, uploaded, sizes))
+            comm.log(fedrema=self._relevant_matching(rnd, ids, uploaded, sizes, S))
         else:
             for k in ids:  # Eq. 10 over the most recent uploads
                 row = self.G[k]
@@ -238,24 +252,32 @@ class FedReMaServer(ServerHalf):
                 self.heads[k] = weighted_mean((self.uploads[j], float(row[j])) for j in peers)
             comm.log(fedrema={"ccp": False, "ccp_rounds": self.ccp_rounds})
 
-    def _relevant_matching(
-        self, rnd: int, ids: list[int], uploaded: dict[int, Tensors], sizes: dict[int, float]
-    ) -> dict[str, Any]:
-        """One CCP round: soft logits, MDS per client, Eq. 7, G, then the CCP check."""
+    def _similarity(self, rnd: int, ids: list[int], uploaded: dict[int, Tensors]) -> torch.Tensor:
+        """S(t) of the uploaded heads (rows and columns in ``ids`` order): the cosine similarity of
+        their soft logits on the round's random feature (``random_feature``)."""
         opts: FedReMaConfig = self.ctx.options
         model = self.ctx.model("fedrema")
         heads = [uploaded[k] for k in ids]
         if opts.random_feature == "paper":
             r = random_feature(self.ctx.seed(rnd, SOFT_LOGITS_KEY), model.feature_dim)
             p = soft_logits(model.head, heads, r, opts.temperature)
-            S = cosine_matrix(p, p)
-        else:  # row i of S under client i's own feature, U[0, 0.5) as the authors' code draws it
-            rows = []
-            for i, k in enumerate(ids):
-                r = 0.5 * random_feature(self.ctx.seed(rnd, SOFT_LOGITS_KEY, k), model.feature_dim)
-                p = soft_logits(model.head, heads, r, opts.temperature)
-                rows.append(cosine_matrix(p[i : i + 1], p)[0])
-            S = torch.stack(rows)
+            return cosine_matrix(p, p)
+        rows = []  # row i of S under client i's own feature, U[0, 0.5) as the authors' code draws it
+        for i, k in enumerate(ids):
+            r = 0.5 * random_feature(self.ctx.seed(rnd, SOFT_LOGITS_KEY, k), model.feature_dim)
+            p = soft_logits(model.head, heads, r, opts.temperature)
+            rows.append(cosine_matrix(p[i : i + 1], p)[0])
+        return torch.stack(rows)
+
+    def _relevant_matching(
+        self, rnd: int, ids: list[int], uploaded: dict[int, Tensors], sizes: dict[int, float],
+        S: torch.Tensor | None = None,
+    ) -> dict[str, Any]:
+        """One CCP round: soft logits, MDS per client, Eq. 7, G, then the CCP check (``S``: the
+        round's similarity matrix, if already computed)."""
+        opts: FedReMaConfig = self.ctx.options
+        if S is None:
+            S = self._similarity(rnd, ids, uploaded)
         by_samples = opts.head_weighting == "samples"
         sets, gaps = [], []
         for i, k in enumerate(ids):

@@ -28,7 +28,7 @@ from fedtail.report.analyses import (
 from fedtail.report.collect import NAMED_SEP, Collection, Run
 from fedtail.machine import describe, describe_run_machine, machine_info
 from fedtail.provenance import describe_code
-from fedtail.report.plots import acmu_records, plot_accuracy_curves, plot_acmu
+from fedtail.report.plots import acmu_records, plot_accuracy_curves, plot_acmu, plot_similarity
 from fedtail.report.tables import METRICS, Reference, accuracy_table, has_stage_metrics, incomplete_cells, stage_table
 
 Figure = tuple[str, Path]  # (caption, PNG file)
@@ -285,6 +285,15 @@ def acmu_run(col: Collection, setting: str, method: str) -> Run | None:
     return None
 
 
+def similarity_figure(col: Collection, setting: str, method: str, png: Path) -> Figure | None:
+    """FedReMa's logged S(t) heatmaps of a cell's first finished seed that has them (its Fig. 3)."""
+    for run in col.finished(setting, method):
+        label = f"{setting} / {method} / seed {run.seed}"
+        if plot_similarity(run.metrics(), png, title=f"Client similarity S(t): {label}"):
+            return (f"FedReMa's client-similarity matrix S(t), {label} ({run.dir}).", png)
+    return None
+
+
 def acmu_figure(run: Run, setting: str, method: str, png: Path) -> Figure | None:
     label = f"{setting} / {method} / seed {run.seed}"
     rows = run.metrics()
@@ -431,6 +440,9 @@ def collection_figures(
             figures.append(fig)
     for s in col.settings:
         for m in col.methods:
+            fig = similarity_figure(col, s, m, scatter_png(f"similarity-{slug(s)}-{slug(m)}"))
+            if fig:
+                figures.append(fig)
             run = acmu_run(col, s, m)
             if run is None:
                 continue

@@ -7,6 +7,8 @@
   "clients", "clusters", "pca": [[x, y], ...]}``): a PCA scatter of the client updates
   coloured by cluster, rows = edges, columns = a few rounds. The clustered methods' single
   ``rounds_log[i]["clustering"]`` record is drawn the same way, as edge 0.
+* :func:`plot_similarity`: FedReMa's client-similarity matrix S(t) at the logged rounds
+  (``rounds_log[i]["fedrema_similarity"]``, option ``similarity_rounds``) as heatmaps (its Fig. 3).
 """
 
 from __future__ import annotations
@@ -203,5 +205,40 @@ def plot_acmu(rows: list[dict[str, Any]], path: Path, title: str = "", max_round
     fig.tight_layout(rect=(0, 0, 1, 0.94))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
+    plt.close(fig)
+    return True
+
+
+def similarity_records(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """FedReMa's logged S(t) matrices (``fedrema_similarity``), by round."""
+    found = [log["fedrema_similarity"] for row in rows for log in row.get("rounds_log", [])
+             if isinstance(log.get("fedrema_similarity"), dict) and log["fedrema_similarity"].get("S")]  # fmt: skip
+    return sorted(found, key=lambda rec: rec["round"])
+
+
+def plot_similarity(rows: list[dict[str, Any]], path: Path, title: str = "", max_rounds: int = 4) -> bool:
+    """Heatmaps of S(t) at up to ``max_rounds`` logged rounds, on one colour scale [0, 1] (cosines of
+    soft-logit vectors, which are non-negative); False if the log has none."""
+    records = similarity_records(rows)
+    if not records:
+        return False
+    by_round = {rec["round"]: rec for rec in records}
+    rounds = pick_rounds(list(by_round), max_rounds)
+    fig, axes = plt.subplots(1, len(rounds), figsize=(3.3 * len(rounds) + 1.0, 3.4), squeeze=False, dpi=110)
+    image = None
+    for ax, rnd in zip(axes[0], rounds):
+        rec = by_round[rnd]
+        image = ax.imshow(np.array(rec["S"], dtype=float), vmin=0.0, vmax=1.0, cmap="viridis")
+        clients = rec.get("clients") or []
+        if len(clients) <= 20:
+            ax.set_xticks(range(len(clients)), [str(c) for c in clients], fontsize=6)
+            ax.set_yticks(range(len(clients)), [str(c) for c in clients], fontsize=6)
+        ax.set_title(f"t = {rnd}", fontsize=9)
+        ax.set_xlabel("client", fontsize=7)
+        ax.set_ylabel("client", fontsize=7)
+    fig.colorbar(image, ax=list(axes[0]), shrink=0.85, label="S (cosine of soft logits)")
+    fig.suptitle(title or "Client similarity S(t)", fontsize=10)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, bbox_inches="tight")
     plt.close(fig)
     return True
