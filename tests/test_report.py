@@ -609,3 +609,38 @@ def test_fedrema_similarity_heatmaps_from_a_fabricated_log(tmp_path):
     assert png.stat().st_size > 5000 and "](R-similarity-s-fedrema-fedavg.png)" in md.read_text()
     assert not list(tmp_path.glob("R-similarity-s-fedavg*"))  # runs without S get no heatmap
     assert plot_similarity(rows[:1] and [{"round": 1, "rounds_log": [{"round": 1}]}], tmp_path / "none.png") is False
+
+
+def test_clients_to_counts_the_seconds_until_k_clients_reach_a_level(tmp_path):
+    """``--clients-to 70:2,3`` (MuPFL's Fig. 8(a)): the first evaluation where k clients reach 70 %, its seconds."""
+    from fedtail.errors import FedtailError
+    from fedtail.report.analyses import first_clients_at, parse_clients_to
+
+    rows = [{"round": 2, "elapsed_s": 20.0, "per_client_acc": [0.5, 0.71, 0.2]},
+            {"round": 4, "elapsed_s": 41.5, "per_client_acc": [0.7, 0.8, 0.3]},
+            {"round": 6, "elapsed_s": 60.0, "per_client_acc": [0.9, 0.9, 0.75]}]  # fmt: skip
+    assert first_clients_at(rows, 0.7, 1) == (20.0, 2)
+    assert first_clients_at(rows, 0.7, 2) == (41.5, 4)  # 0.7 counts as reached
+    assert first_clients_at(rows, 0.7, 3) == (60.0, 6) and first_clients_at(rows, 0.95, 1) is None
+    assert parse_clients_to(["70:15,20,25"]) == [(70.0, (15, 20, 25))]
+    for bad in ("70", "70:", "0:3", "70:a", "101:2", "70:0"):
+        with pytest.raises(FedtailError, match="--clients-to takes LEVEL:K"):
+            parse_clients_to([bad])
+    root = tmp_path / "runs"
+    for seed in (0, 1):
+        make_run(root / "s" / "fedavg" / f"seed{seed}", seed=seed, final=0.8, best=0.8, best_round=4, rounds=4)
+        path = root / "s" / "fedavg" / f"seed{seed}" / "metrics.jsonl"
+        lines = [json.loads(line) for line in path.read_text().splitlines()]
+        for row in lines:
+            row["elapsed_s"] = 10.0 * row["round"] + seed
+            row["per_client_acc"] = [0.9 if row["round"] >= 2 else 0.1, 0.9 if row["round"] >= 3 + seed else 0.1]
+        path.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    md = tmp_path / "R.md"
+    res = invoke("report", root, "--out", md, "--clients-to", "70:1,2")
+    assert res.exit_code == 0, res.output
+    text = md.read_text()
+    assert "Time until 1, 2 clients reach 70 %" in text and "| s: 1 client | s: 2 clients |" in text
+    assert "| fedavg | 20 ± 1 s (round 2.0) | 36 ± 8 s (round 3.5) |" in text  # rounds 2, 2; 3, 4
+    assert "--clients-to 70:1,2" in text  # the report command is recorded
+    res = invoke("report", root, "--out", md, "--clients-to", "70")
+    assert res.exit_code == 2 and "--clients-to takes LEVEL:K" in res.output

@@ -8,7 +8,7 @@ cd "$(dirname "$0")/../.."
   --sweep benchmarks/mupfl/table6_fmnist.toml \
   --out benchmarks/mupfl/RESULTS.md \
   --reference benchmarks/mupfl/paper_fmnist.toml \
-  --rounds-to 80 --rounds-to 90 \
+  --rounds-to 80 --rounds-to 90 --clients-to 90:15,20,25 \
   --title "MuPFL on Fashion-MNIST: Tables II, V and VI" \
   --command "bash benchmarks/mupfl/run_all.sh"
 # The validation sweep that chose the open hyperparameters (held-out training samples, not test data).

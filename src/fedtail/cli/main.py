@@ -416,6 +416,10 @@ def report(
     rounds_to: list[float] = typer.Option(
         [], "--rounds-to", help="accuracy level in percent (repeatable): a table of the rounds to reach it"
     ),
+    clients_to: list[str] = typer.Option(
+        [], "--clients-to", help="LEVEL:K[,K...] (repeatable), e.g. 70:15,20,25: a table of the wall seconds until "
+        "K clients' own accuracy reaches LEVEL percent"
+    ),
 ) -> None:
     """Tables (mean ± std over seeds) and figures of finished runs, as Markdown + PNG.
 
@@ -438,7 +442,12 @@ def report(
             argv += [flag, str(value)]
     for level in rounds_to:
         argv += ["--rounds-to", f"{level:g}"]
+    for spec in clients_to:
+        argv += ["--clients-to", spec]
     try:
+        from fedtail.report.analyses import parse_clients_to
+
+        specs = parse_clients_to(clients_to)
         if run_dirs and sweep_files:
             raise FedtailError("report: give run folders or --sweep files, not both")
         if not run_dirs and not sweep_files:
@@ -452,6 +461,7 @@ def report(
             title=title,
             command=command,
             rounds_to=rounds_to,
+            clients_to=specs,
         )
     except FedtailError as err:
         fail(str(err))

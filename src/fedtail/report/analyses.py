@@ -72,6 +72,62 @@ def rounds_to_text(runs: list[Run], level: float) -> str:
     return text + (f" ({len(reached)} of {total} seeds)" if len(reached) < total else f" ({total} seed{'s' * (total > 1)})")
 
 
+ClientsTo = tuple[float, tuple[int, ...]]  # --clients-to LEVEL:K,...: an accuracy level (percent), client counts
+
+
+def parse_clients_to(texts: Sequence[str]) -> list[ClientsTo]:
+    """``--clients-to 70:15,20,25`` -> [(70.0, (15, 20, 25))]; FedtailError on a malformed value."""
+    out = []
+    for text in texts:
+        level, sep, counts = str(text).partition(":")
+        try:
+            value = float(level)
+            ks = tuple(int(k) for k in counts.split(",") if k.strip())
+        except ValueError:
+            ks, value = (), float("nan")
+        if not sep or not ks or any(k < 1 for k in ks) or not 0 < value <= 100:
+            raise FedtailError(
+                f"--clients-to takes LEVEL:K[,K...], an accuracy level in percent and client counts, e.g. 70:15,20,25 "
+                f"(got {text!r})"
+            )
+        out.append((value, ks))
+    return out
+
+
+def first_clients_at(rows: list[dict[str, Any]], level: float, k: int) -> tuple[float, int] | None:
+    """(seconds, round) of the first evaluation at which at least ``k`` clients' own accuracy is at
+    least ``level`` (a fraction): the wall time of MuPFL's Fig. 8(a); None if never."""
+    for row in sorted((r for r in rows if isinstance(r.get("round"), int)), key=lambda r: r["round"]):
+        accs = row.get("per_client_acc")
+        seconds = row.get("elapsed_s")
+        if not isinstance(accs, list) or not isinstance(seconds, (int, float)):
+            continue
+        if sum(isinstance(a, (int, float)) and a >= level - 1e-12 for a in accs) >= k:
+            return float(seconds), int(row["round"])
+    return None
+
+
+def clients_to_text(runs: list[Run], level: float, k: int) -> str:
+    """A cell: mean ± std of the seconds (and rounds) over the seeds whose k clients reached ``level``."""
+    if not runs:
+        return DASH
+    found = [f for f in (first_clients_at(run.metrics(), level / 100, k) for run in runs) if f is not None]
+    if not found:
+        return "not reached"
+    seconds, rounds = [s for s, _ in found], [r for _, r in found]
+    text = f"{seconds[0]:.0f} s (round {rounds[0]})" if len(found) == 1 else (
+        f"{statistics.fmean(seconds):.0f} ± {statistics.stdev(seconds):.0f} s (round {statistics.fmean(rounds):.1f})")
+    return text + (f" ({len(found)} of {len(runs)} seeds)" if len(found) < len(runs) else "")
+
+
+def clients_to_table(col: Collection, spec: ClientsTo) -> str:
+    """Methods × (setting, k): wall seconds until k clients reach the level (``--clients-to``)."""
+    level, ks = spec
+    header = ["method"] + [f"{s}: {k} client{'s' * (k > 1)}" for s in col.settings for k in ks]
+    rows = [[m] + [clients_to_text(col.finished(s, m), level, k) for s in col.settings for k in ks] for m in col.methods]
+    return markdown_table(header, rows)
+
+
 def rounds_to_table(col: Collection, levels: Sequence[float]) -> str:
     """Methods × (setting, level): rounds to reach each level of personalised accuracy."""
     levels = check_levels(levels)

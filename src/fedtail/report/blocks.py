@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from fedtail.report.analyses import (
+    ClientsTo,
     Sensitivity,
     ccp_delta_table,
     ccp_table,
@@ -22,6 +23,7 @@ from fedtail.report.analyses import (
     has_stand_ins,
     plot_cluster_counts,
     plot_sensitivity,
+    clients_to_table,
     rounds_to_table,
     sensitivity_table,
 )
@@ -332,6 +334,25 @@ def rounds_to_block(col: Collection, levels: Sequence[float], level: int = 2) ->
         rounds_to_table(col, levels),
         "",
     ]
+
+
+def clients_to_block(col: Collection, specs: Sequence[ClientsTo], level: int = 2) -> list[str]:
+    """Wall time until the first k clients reach a level (``--clients-to``; MuPFL's Fig. 8(a))."""
+    out: list[str] = []
+    for spec in specs:
+        out += [
+            f"{'#' * level} Time until {', '.join(map(str, spec[1]))} clients reach {spec[0]:g} % (their own accuracy)",
+            "",
+            "For each seed, the first evaluation at which at least k clients' personalised accuracy on their own "
+            "test data reaches the level (`metrics.jsonl` → `per_client_acc`; exact up to the evaluation interval): "
+            "the run's wall seconds then (`elapsed_s`, which includes the evaluations) and its round, mean ± std over "
+            "the seeds that reach it. Seconds compare only between runs on one kind of machine (the costs table's CPU "
+            "column).",
+            "",
+            clients_to_table(col, spec),
+            "",
+        ]
+    return out
 
 
 def ccp_block(col: Collection, level: int = 2) -> list[str]:

@@ -27,11 +27,12 @@ from fedtail.report.blocks import (
     figures_block,
     header_lines,
     incomplete_block,
+    clients_to_block,
     rounds_to_block,
     sensitivity_block,
     warnings_block,
 )
-from fedtail.report.analyses import check_levels, sensitivity_groups
+from fedtail.report.analyses import ClientsTo, check_levels, sensitivity_groups
 from fedtail.report.collect import Collection, collect
 from fedtail.report.tables import Reference, costs_table, load_reference, unused_reference
 
@@ -64,10 +65,12 @@ def write_report(
     title: str | None = None,
     command: str | None = None,
     rounds_to: Sequence[float] = (),
+    clients_to: Sequence[ClientsTo] = (),
 ) -> ReportResult:
     """Write ``out`` (Markdown) and its PNG figures; raises FedtailError on bad input.
 
-    ``rounds_to``: accuracy levels (percent) for a table of the rounds each method needs to reach them."""
+    ``rounds_to``: accuracy levels (percent) for a table of the rounds each method needs to reach them;
+    ``clients_to``: (level, client counts) for a table of the seconds until that many clients reach it."""
     rounds_to, reference = check_inputs(out, reference_path, rounds_to)
     col = collect(paths)
     if not col.runs and not col.expected:
@@ -83,7 +86,8 @@ def write_report(
     )
     result.plots = [p for _, p in figures]
 
-    analyses = rounds_to_block(col, rounds_to) + sensitivity_block(col, groups) + ccp_block(col)
+    analyses = rounds_to_block(col, rounds_to) + clients_to_block(col, clients_to) + sensitivity_block(col, groups)
+    analyses += ccp_block(col)
     text = _markdown(col, reference, paths, out, figures, title, command, report_command, result.warnings, analyses)
     out.write_text(text)
     return result

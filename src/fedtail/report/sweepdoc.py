@@ -38,12 +38,13 @@ from fedtail.report.blocks import (
     figures_block,
     header_lines,
     incomplete_block,
+    clients_to_block,
     rounds_to_block,
     sensitivity_block,
     slug,
     warnings_block,
 )
-from fedtail.report.analyses import sensitivity_groups
+from fedtail.report.analyses import ClientsTo, sensitivity_groups
 from fedtail.report.collect import Collection, Run, load_run, with_named
 from fedtail.report.document import ReportResult, check_inputs
 from fedtail.report.tables import Reference, costs_table_of
@@ -166,10 +167,12 @@ def write_sweep_report(
     title: str | None = None,
     command: str | None = None,
     rounds_to: Sequence[float] = (),
+    clients_to: Sequence[ClientsTo] = (),
 ) -> ReportResult:
     """Write ``out`` (Markdown, one section per sweep file) and its PNG figures; FedtailError on bad input.
 
-    ``rounds_to``: accuracy levels (percent) for a table of the rounds each method needs to reach them."""
+    ``rounds_to``: accuracy levels (percent) for a table of the rounds each method needs to reach them;
+    ``clients_to``: (level, client counts) for a table of the seconds until that many clients reach it."""
     rounds_to, reference = check_inputs(out, reference_path, rounds_to)
     seen: set[Path] = set()
     for f in files:
@@ -193,7 +196,8 @@ def write_sweep_report(
             )
         )
 
-    text = _markdown(sections, per_section, reference, out, title, command, report_command, warnings, rounds_to)
+    text = _markdown(sections, per_section, reference, out, title, command, report_command, warnings, rounds_to,
+                     clients_to)
     out.write_text(text)
     return ReportResult(out, plots=[p for figs, _ in per_section for _, p in figs], warnings=warnings)
 
@@ -208,6 +212,7 @@ def _markdown(
     report_command: str,
     warnings: list[str],
     rounds_to: Sequence[float] = (),
+    clients_to: Sequence[ClientsTo] = (),
 ) -> str:
     records = list({Path(r["root"]).resolve(): r for sec in sections if (r := sec.record)}.values())
     outs = list(dict.fromkeys(str(sec.sweep.out) for sec in sections))
@@ -241,6 +246,7 @@ def _markdown(
         ]
         md += accuracy_blocks(sec.col, reference.for_section(sec.file.stem) if reference else None, level=3)
         md += rounds_to_block(sec.col, rounds_to, level=3)
+        md += clients_to_block(sec.col, clients_to, level=3)
         md += sensitivity_block(sec.col, sensitivity_groups(sec.col), level=3)
         md += ccp_block(sec.col, level=3)
         md += incomplete_block(sec.col, level=3)
