@@ -453,3 +453,39 @@ def test_the_delta_curve_compares_every_delta_on_the_seeds_of_table3s_rows(tmp_p
     # test data: the edge is named, but no grid is to be widened after a look at test accuracy
     assert "at the grid's upper edge (test data: values are chosen on validation data, not here)." in text
     assert "extend the grid" not in text
+
+
+def test_fedac_gc_over_rounds_and_against_k_from_fabricated_logs(tmp_path):
+    """FedAC's Fig. 4(d) (G_c per round under CNT) and 4(c) (G_c against a preset K, CNT off)."""
+    import json
+
+    from conftest import tiny_config
+    from fedtail.report.analyses import gc_band, gc_by_k, gc_series
+    from fedtail.report.collect import collect
+    from helpers import invoke
+
+    def write(folder, options, gcs):
+        folder.mkdir(parents=True)
+        config = tiny_config(algorithm="fedac", rounds=len(gcs), options=options).model_dump(mode="json")
+        (folder / "config.json").write_text(json.dumps(config))
+        rows = [{"round": r, "personalized_acc": 0.5, "rounds_log": [{"round": r, "clustering": {"num_clusters": len(g), "gc": g}}]}
+                for r, g in enumerate(gcs, 1)]  # fmt: skip
+        (folder / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in rows))
+        (folder / "summary.json").write_text(json.dumps({"algorithm": "fedac", "dataset": "synthetic", "seed": 0,
+            "final": {"round": len(gcs), "personalized_acc": 0.5}, "best": {"round": 1, "personalized_acc": 0.5},
+            "rounds": len(gcs), "wall_time_s": 1.0, "time_s": {}, "bytes": {"up": 1, "down": 1}}))  # fmt: skip
+
+    root = tmp_path / "runs"
+    write(root / "s" / "fedac" / "seed0", {}, [[0.1, 0.9], [0.3, 0.5, 0.7], [0.4, 0.6, 0.5]])
+    for k, level in ((2, 0.8), (4, 0.5)):
+        write(root / "s" / f"fedac-k{k}" / "seed0", {"num_clusters": k, "cnt": False}, [[level] * k] * 10)
+    rows = [json.loads(x) for x in (root / "s" / "fedac" / "seed0" / "metrics.jsonl").read_text().splitlines()]
+    assert gc_series(rows)[1] == (2, [0.3, 0.5, 0.7])
+    config = json.loads((root / "s" / "fedac" / "seed0" / "config.json").read_text())
+    assert gc_band(config) == (0.2, 0.8) and gc_band(config | {"algorithm": "ifca"}) is None
+    assert gc_by_k(collect([root])) == {"s": [(2, 0.8, 0.0), (4, 0.5, 0.0)]}
+    md = tmp_path / "R.md"
+    res = invoke("report", root, "--out", md)
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "R-gc-s-fedac.png").stat().st_size > 5000 and (tmp_path / "R-gc-by-k.png").is_file()
+    assert not list(tmp_path.glob("R-gc-s-fedac-k*"))  # CNT off: no per-round band figure

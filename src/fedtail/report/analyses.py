@@ -700,3 +700,104 @@ def ccp_table(col: Collection) -> str | None:
         return None
     rows = [[m] + [cells[m, s] or DASH for s in col.settings] for m in methods]
     return markdown_table(["method"] + list(col.settings), rows)
+
+
+# ---------------------------------------------------------------------------------------------
+# FedAC's G_c (its Fig. 4(c), 4(d))
+
+
+def gc_series(rows: list[dict[str, Any]]) -> list[tuple[int, list[float]]]:
+    """(round, every cluster's G_c) of each round whose ``clustering`` record has G_c (FedAC)."""
+    out = []
+    for row in rows:
+        for entry in row.get("rounds_log") or []:
+            rec = entry.get("clustering") if isinstance(entry, dict) else None
+            gc = rec.get("gc") if isinstance(rec, dict) else None
+            if isinstance(gc, list) and isinstance(entry.get("round"), int):
+                values = [float(g) for g in gc if _number(g) is not None and math.isfinite(float(g))]
+                out.append((entry["round"], values))
+    return sorted(out)
+
+
+def gc_band(config: dict[str, Any] | None) -> tuple[float, float] | None:
+    """CNT's band (gc_low, gc_high) of a FedAC run with cluster-number tuning on; None otherwise."""
+    if not config or config.get("algorithm") != "fedac":
+        return None
+    options = _effective_options(config)
+    return (float(options["gc_low"]), float(options["gc_high"])) if options.get("cnt") else None
+
+
+def plot_gc_rounds(rows: list[dict[str, Any]], path: Path, low: float, high: float, title: str = "") -> bool:
+    """Every cluster's G_c against the round, with CNT's band (low, high) (FedAC's Fig. 4(d)); False
+    without G_c records."""
+    import matplotlib.pyplot as plt
+
+    series = gc_series(rows)
+    if not any(values for _, values in series):
+        return False
+    fig, ax = plt.subplots(figsize=(7.0, 3.6), dpi=110)
+    xs = [r for r, values in series for _ in values]
+    ys = [g for _, values in series for g in values]
+    ax.scatter(xs, ys, s=4, alpha=0.5, color="tab:blue", label="G_c of a cluster")
+    means = [(r, statistics.fmean(values)) for r, values in series if values]
+    ax.plot([r for r, _ in means], [m for _, m in means], color="black", linewidth=0.8, label="mean over clusters")
+    for bound in (low, high):
+        ax.axhline(bound, color="tab:red", linestyle="--", linewidth=0.8)
+    counts = ax.twinx()
+    counts.step([r for r, _ in series], [len(v) for _, v in series], where="post", color="tab:green", linewidth=0.8)
+    counts.set_ylabel("clusters", color="tab:green", fontsize=8)
+    ax.set_xlabel("round", fontsize=8)
+    ax.set_ylabel("G_c", fontsize=8)
+    ax.legend(fontsize=7, loc="upper right")
+    ax.set_title(title or f"G_c per round; CNT keeps it in ({low:g}, {high:g})", fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return True
+
+
+def gc_by_k(col: Collection, last: float = 0.1) -> dict[str, list[tuple[int, float, float]]]:
+    """Per setting: (K, mean, std) of the clusters' G_c over the final ``last`` share of the rounds of
+    FedAC's runs with a fixed number of clusters (cnt = false), every seed pooled (its Fig. 4(c))."""
+    out: dict[str, list[tuple[int, float, float]]] = {}
+    for s in col.settings:
+        by_k: dict[int, list[float]] = {}
+        for m in col.methods:
+            for run in col.finished(s, m):
+                config = run.config or {}
+                options = _effective_options(config)
+                if config.get("algorithm") != "fedac" or options.get("cnt", True):
+                    continue
+                series = gc_series(run.metrics())
+                if not series:
+                    continue
+                start = series[-1][0] * (1 - last)
+                by_k.setdefault(int(options.get("num_clusters", 4)), []).extend(
+                    g for r, values in series if r > start for g in values)  # fmt: skip
+        points = [(k, statistics.fmean(v), statistics.pstdev(v)) for k, v in sorted(by_k.items()) if v]
+        if len(points) >= 2:
+            out[s] = points
+    return out
+
+
+def plot_gc_by_k(col: Collection, path: Path) -> bool:
+    """Mean ± std of G_c against the preset K (cluster-number tuning off), one line per setting."""
+    import matplotlib.pyplot as plt
+
+    data = gc_by_k(col)
+    if not data:
+        return False
+    fig, ax = plt.subplots(figsize=(5.6, 3.6), dpi=110)
+    for s, points in data.items():
+        ax.errorbar([k for k, _, _ in points], [m for _, m, _ in points], yerr=[d for _, _, d in points],
+                    marker="o", capsize=3, label=s)  # fmt: skip
+    ax.set_xlabel("preset number of clusters K (cluster-number tuning off)", fontsize=8)
+    ax.set_ylabel("G_c, final 10 % of rounds", fontsize=8)
+    ax.legend(fontsize=7)
+    ax.set_title("FedAC's G_c against K", fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return True

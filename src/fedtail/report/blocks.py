@@ -22,6 +22,9 @@ from fedtail.report.analyses import (
     grid_verdicts,
     has_stand_ins,
     plot_cluster_counts,
+    gc_band,
+    plot_gc_by_k,
+    plot_gc_rounds,
     plot_sensitivity,
     clients_to_table,
     rounds_to_table,
@@ -287,6 +290,27 @@ def acmu_run(col: Collection, setting: str, method: str) -> Run | None:
     return None
 
 
+def gc_rounds_figure(col: Collection, setting: str, method: str, png: Path) -> Figure | None:
+    """FedAC's G_c per round under cluster-number tuning, first finished seed of a cell (its Fig. 4(d))."""
+    for run in col.finished(setting, method):
+        band = gc_band(run.config)
+        if band is None:
+            continue
+        low, high = band
+        label = f"{setting} / {method} / seed {run.seed}"
+        if plot_gc_rounds(run.metrics(), png, low, high, title=f"G_c per round (CNT band {low:g}-{high:g}): {label}"):
+            return (f"FedAC's G_c of every cluster per round, its mean and the number of clusters, {label} ({run.dir}).", png)
+    return None
+
+
+def gc_k_figure(col: Collection, png: Path) -> Figure | None:
+    """FedAC's G_c against the preset K of its runs without cluster-number tuning (its Fig. 4(c))."""
+    if not plot_gc_by_k(col, png):
+        return None
+    return ("FedAC's G_c (mean ± std over clusters, rounds of the final 10 % and seeds) against the preset number "
+            "of clusters, cluster-number tuning off.", png)  # fmt: skip
+
+
 def similarity_figure(col: Collection, setting: str, method: str, png: Path) -> Figure | None:
     """FedReMa's logged S(t) heatmaps of a cell's first finished seed that has them (its Fig. 3)."""
     for run in col.finished(setting, method):
@@ -456,11 +480,15 @@ def collection_figures(
         participants_figure(col, curve_png("participants")),
         sensitivity_figure(col, groups, curve_png("sensitivity")),
         cluster_count_figure(col, curve_png("clusters-per-round")),
+        gc_k_figure(col, curve_png("gc-by-k")),
     ):
         if fig:
             figures.append(fig)
     for s in col.settings:
         for m in col.methods:
+            fig = gc_rounds_figure(col, s, m, scatter_png(f"gc-{slug(s)}-{slug(m)}"))
+            if fig:
+                figures.append(fig)
             fig = similarity_figure(col, s, m, scatter_png(f"similarity-{slug(s)}-{slug(m)}"))
             if fig:
                 figures.append(fig)
