@@ -362,7 +362,7 @@ def test_unknown_name() -> None:
         load_dataset("imagenet")
     for name in DATASETS:
         assert name in str(err.value)
-    assert set(DATASETS) == {"fmnist", "mnist", "cifar10", "cifar100", "synthetic", "digits"}
+    assert set(DATASETS) == {"fmnist", "mnist", "cifar10", "cifar100", "tinyimagenet", "synthetic", "digits"}
     assert all(isinstance(v, str) and v for v in DATASETS.values())
 
 
@@ -388,3 +388,37 @@ def test_real_fashion_mnist(monkeypatch: pytest.MonkeyPatch) -> None:
     assert np.bincount(ds.test.labels).tolist() == [1000] * 10
     x, _ = ds.batch(ds.train, torch.arange(0, 60000, 7))
     assert abs(x.mean().item()) < 0.05 and abs(x.std().item() - 1) < 0.05
+
+
+@pytest.mark.parametrize("zipped", [False, True])
+def test_tinyimagenet_from_the_official_layout(isolated: Path, zipped: bool) -> None:
+    from fedtail.data.fixtures import write_tinyimagenet
+
+    write_tinyimagenet(isolated / "data", classes=3, train_per_class=4, val_per_class=2, zipped=zipped)
+    ds = load_dataset("tiny-imagenet", data_dir=isolated / "data", download=False)
+    assert ds.name == "tinyimagenet" and ds.num_classes == 3 and ds.input_shape == (3, 64, 64)
+    assert ds.train.x.shape == (12, 3, 64, 64) and ds.train.x.dtype == torch.uint8
+    assert ds.train.y.tolist() == [0] * 4 + [1] * 4 + [2] * 4  # wnids.txt's order is the label order
+    assert len(ds.test) == 6 and sorted(ds.test.y.tolist()) == [0, 0, 1, 1, 2, 2]  # the labelled val images
+    assert ds.class_names == ("thing 0", "thing 1", "thing 2")
+    from PIL import Image  # the pixels are the files' (JPEG-decoded, as RGB, channels first)
+
+    root = isolated / "data" / "tiny-imagenet-200"
+    if not zipped:
+        first = np.asarray(Image.open(root / "train" / "n00001000" / "images" / "n00001000_0.JPEG").convert("RGB"))
+        assert np.array_equal(ds.train.x[0].numpy(), first.transpose(2, 0, 1))
+
+
+def test_tinyimagenet_missing_or_broken_is_a_clear_error(isolated: Path) -> None:
+    from fedtail.data.fixtures import write_tinyimagenet
+
+    with pytest.raises(DataError, match="'tinyimagenet': not found \\(fedtail does not download it\\).*tiny-imagenet-200.zip"):
+        load_dataset("tinyimagenet", download=True)
+    root = write_tinyimagenet(isolated / "data", classes=2)
+    (root / "val" / "val_annotations.txt").write_text("val_0.JPEG\tn99999999\t0\t0\t1\t1\n")
+    with pytest.raises(DataError, match="n99999999.*not in wnids.txt"):
+        load_dataset("tinyimagenet", data_dir=isolated / "data", download=False)
+    write_tinyimagenet(isolated / "data2", classes=2)
+    (isolated / "data2" / "tiny-imagenet-200" / "train" / "n00001000" / "images" / "n00001000_1.JPEG").write_bytes(b"no jpeg")
+    with pytest.raises(DataError, match="cannot decode train/n00001000/images/n00001000_1.JPEG"):
+        load_dataset("tinyimagenet", data_dir=isolated / "data2", download=False)

@@ -100,3 +100,48 @@ def write_cifar_folder(directory: str | Path, n_train: int, n_test: int, classes
     for name, data in _cifar_members(n_train, n_test, classes, seed).items():
         (d / name).write_bytes(data)
     return d
+
+
+def write_tinyimagenet(
+    directory: str | Path, classes: int = 3, train_per_class: int = 4, val_per_class: int = 2, *, zipped: bool = False,
+    seed: int = 0,
+) -> Path:
+    """A small Tiny-ImageNet release in the official layout (random 64x64 JPEGs), as the folder
+    ``tiny-imagenet-200/`` in ``directory`` or, ``zipped``, as ``tiny-imagenet-200.zip``; returns it."""
+    import zipfile
+
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    wnids = [f"n{1000 + c:08d}" for c in range(classes)]
+    files: dict[str, bytes] = {"wnids.txt": "\n".join(wnids).encode() + b"\n",
+                               "words.txt": "".join(f"{w}\tthing {i}, other\n" for i, w in enumerate(wnids)).encode()}
+
+    def jpeg() -> bytes:
+        buffer = io.BytesIO()
+        Image.fromarray(rng.integers(0, 256, size=(64, 64, 3), dtype=np.uint8)).save(buffer, format="JPEG")
+        return buffer.getvalue()
+
+    annotations = []
+    for w in wnids:
+        files[f"train/{w}/{w}_boxes.txt"] = b""
+        for k in range(train_per_class):
+            files[f"train/{w}/images/{w}_{k}.JPEG"] = jpeg()
+    for k in range(classes * val_per_class):
+        files[f"val/images/val_{k}.JPEG"] = jpeg()
+        annotations.append(f"val_{k}.JPEG\t{wnids[k % classes]}\t0\t0\t63\t63")
+    files["val/val_annotations.txt"] = ("\n".join(annotations) + "\n").encode()
+    files["test/images/test_0.JPEG"] = jpeg()
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    if zipped:
+        path = d / "tiny-imagenet-200.zip"
+        with zipfile.ZipFile(path, "w") as zf:
+            for name, data in files.items():
+                zf.writestr(f"tiny-imagenet-200/{name}", data)
+        return path
+    root = d / "tiny-imagenet-200"
+    for name, data in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(data)
+    return root

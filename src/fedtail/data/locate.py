@@ -82,6 +82,15 @@ def _cifar_matcher(tarball: str, folder: str, members: tuple[str, ...]) -> Calla
     return match
 
 
+def _match_tinyimagenet(directory: Path) -> Path | None:
+    if (directory / "tiny-imagenet-200.zip").is_file():
+        return directory / "tiny-imagenet-200.zip"
+    for d in (directory / "tiny-imagenet-200", directory):
+        if (d / "wnids.txt").is_file() and (d / "train").is_dir() and (d / "val" / "val_annotations.txt").is_file():
+            return d
+    return None
+
+
 CIFAR10_MEMBERS = tuple(f"data_batch_{i}" for i in range(1, 6)) + ("test_batch", "batches.meta")
 CIFAR100_MEMBERS = ("train", "test", "meta")
 
@@ -162,6 +171,15 @@ SOURCES: dict[str, Source] = {
         ),
         match=_cifar_matcher("cifar-100-python.tar.gz", "cifar-100-python", CIFAR100_MEMBERS),
         hint="put cifar-100-python.tar.gz (or cifar-100-python/) in --data-dir / $FEDTAIL_DATA_DIR",
+    ),
+    "tinyimagenet": Source(
+        name="tinyimagenet",
+        system_name="tiny-imagenet",
+        subdirs=("tinyimagenet", "tiny-imagenet", "tiny-imagenet-200"),
+        expected="tiny-imagenet-200.zip or its folder tiny-imagenet-200/ (wnids.txt, train/, val/val_annotations.txt)",
+        resources=(),  # not downloaded: fetch the official release by hand
+        match=_match_tinyimagenet,
+        hint="put tiny-imagenet-200.zip (or the extracted tiny-imagenet-200/) in --data-dir / $FEDTAIL_DATA_DIR",
     ),
 }
 
@@ -255,7 +273,9 @@ def locate(name: str, data_dir: str | Path | None = None, download_missing: bool
     roots = search_roots(source, data_dir)
     looked = "; ".join(str(r) for r in roots) + " (each also with subfolders " + ", ".join(source.subdirs) + ")"
     problem = "not found and downloading is disabled"
-    if downloads_allowed(download_missing):
+    if not source.resources:
+        problem = "not found (fedtail does not download it)"
+    elif downloads_allowed(download_missing):
         try:
             download(source, cache_root() / source.name)
         except DataError as exc:
@@ -265,7 +285,8 @@ def locate(name: str, data_dir: str | Path | None = None, download_missing: bool
             if found is not None:
                 return found
             problem = "downloaded files were not recognised"
+    fetch = f", or allow downloading into {cache_root() / source.name}" if source.resources else ""
     raise DataError(
         f"dataset {name!r}: {problem}. Expected {source.expected}. Looked in: {looked}. "
-        f"To get them: {source.hint}, or allow downloading into {cache_root() / source.name}."
+        f"To get them: {source.hint}{fetch}."
     )

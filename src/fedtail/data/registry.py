@@ -11,6 +11,7 @@ from fedtail.data.cifar import load_cifar10, load_cifar100
 from fedtail.data.locate import SOURCES, locate
 from fedtail.data.mnist import load_fmnist, load_mnist
 from fedtail.data.synthetic import load_digits, load_synthetic
+from fedtail.data.tinyimagenet import load_tinyimagenet
 from fedtail.errors import ConfigError
 
 DATASETS: dict[str, str] = {
@@ -18,6 +19,7 @@ DATASETS: dict[str, str] = {
     "mnist": "MNIST: 60k/10k 28x28 grey handwritten digits, 10 classes",
     "cifar10": "CIFAR-10: 50k/10k 32x32 colour images, 10 classes",
     "cifar100": "CIFAR-100: 50k/10k 32x32 colour images, 100 fine classes",
+    "tinyimagenet": "Tiny-ImageNet-200: 100k/10k 64x64 colour images, 200 classes (the labelled validation set as test)",
     "synthetic": "Gaussian mixture in R^dim, generated in memory (options: num_classes, dim, "
     "train_per_class, test_per_class, separation, seed)",
     "digits": "scikit-learn's bundled 8x8 digits (1797 images, 10 classes), stratified 80/20 split, offline",
@@ -28,6 +30,7 @@ _FILE_LOADERS: dict[str, Callable[[Path], Dataset]] = {
     "mnist": load_mnist,
     "cifar10": load_cifar10,
     "cifar100": load_cifar100,
+    "tinyimagenet": load_tinyimagenet,
 }
 _GENERATED: dict[str, Callable[..., Dataset]] = {"synthetic": load_synthetic, "digits": load_digits}
 
@@ -35,7 +38,7 @@ _GENERATED: dict[str, Callable[..., Dataset]] = {"synthetic": load_synthetic, "d
 def check_name(name: str) -> str:
     """``name`` normalised (case, dashes); ConfigError naming the allowed names otherwise."""
     key = str(name).strip().lower().replace("-", "").replace("_", "")
-    key = {"fashionmnist": "fmnist"}.get(key, key)
+    key = {"fashionmnist": "fmnist", "tinyimagenet200": "tinyimagenet"}.get(key, key)
     if key not in DATASETS:
         raise ConfigError(f"unknown dataset {name!r}; allowed: {', '.join(DATASETS)}")
     return key
