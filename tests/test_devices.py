@@ -48,6 +48,7 @@ VARIANTS: list[tuple[str, dict]] = [
     ("fesem", {"options": {"init": "random", "cold_start": "random", "m_step": "round"}}),
     ("ifca", {"options": {"init": "common"}}),
     ("fedrema", {"options": {"random_feature": "code", "head_weighting": "samples"}}),
+    ("fedrema", {"options": {"client_training": "alternate-align", "similarity_rounds": [1, 2], "mds": False}}),
     ("fedgroup", {"options": {"newcomer_start": "global_mean", "eta_g": 0.5, "mu": 0.1}}),
     ("cgpfl", {"options": {"warm_start": True, "first_start": "init"}}),
     ("fedrep", {"options": {"final_finetune": True}}),

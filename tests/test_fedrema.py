@@ -584,3 +584,36 @@ def test_similarity_rounds_log_s_without_changing_anything(mds):
     strip = lambda rows: [{k: v for k, v in r.items() if k != "elapsed_s"} | {"rounds_log": [  # noqa: E731
         {k: v for k, v in log.items() if k != "fedrema_similarity"} for log in r["rounds_log"]]} for r in rows]
     assert strip(logged) == strip(plain)
+
+
+def test_table4_variants_align_features_to_global_prototypes_fedpac_style(monkeypatch):
+    """FedReMa+F / +A&F (Table 4): FedPAC's alignment loss on the body's features, to the server's
+    per-class mean of the clients' prototypes (and, +A&F, the head trained first with the body frozen)."""
+    from fedtail.algorithms import fedrema as module
+
+    joint, _ = run(algorithm_config("fedrema"))
+    calls = {"align": [], "train_only": []}
+    original_align, original_only = module.alignment_loss, module.train_only
+
+    def align(protos, present, lam, alignment):
+        calls["align"].append((protos.shape, bool(present.any()), lam, alignment))
+        return original_align(protos, present, lam, alignment)
+
+    def only(ctx, trained, frozen, epochs, **kw):
+        calls["train_only"].append((trained is ctx.model().head, epochs, "feature_loss" in kw))
+        return original_only(ctx, trained, frozen, epochs, **kw)
+
+    monkeypatch.setattr(module, "alignment_loss", align)
+    monkeypatch.setattr(module, "train_only", only)
+    aligned, sim = run(algorithm_config("fedrema", options={"client_training": "align", "align_lam": 2.0}))
+    assert sim.server.present is not None and bool(sim.server.present.all())
+    assert calls["align"] and all(lam == 2.0 and alignment == "mse" for _, _, lam, alignment in calls["align"])
+    assert strip_timing(aligned)[0]["personalized_acc"] == strip_timing(joint)[0]["personalized_acc"]  # round 1: no prototypes yet
+    assert strip_timing(aligned) != strip_timing(joint)
+    assert not calls["train_only"]
+    run(algorithm_config("fedrema", options={"client_training": "alternate-align", "align_head_epochs": 2}))
+    heads = [c for c in calls["train_only"] if c[0]]
+    assert heads and all(epochs == 2 for _, epochs, _ in heads)  # the head first, with the body frozen
+    assert all(has_loss for is_head, _, has_loss in calls["train_only"] if not is_head)  # then the aligned body
+    _, joint_sim = run(algorithm_config("fedrema"))
+    assert "protos" not in vars(joint_sim.server)  # the default keeps no prototypes

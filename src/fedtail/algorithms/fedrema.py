@@ -83,6 +83,16 @@ only "mini-batch SGD"). One difference remains: the authors' clients build their
 once, so its momentum buffer carries over from round to round (into the newly received body
 and head); fedtail's clients start every round with a fresh optimizer, like every other method.
 
+``client_training`` (Table 4, "Compatibility with FedPAC"): ``"joint"`` (the default: FedAvg's local
+epochs on the whole model; FedReMa "does not introduce any new methods on the client side");
+``"align"`` is FedReMa+F, FedPAC's feature alignment, the loss CE + λ·L_d(h̄; h) of Eq. 11 with h̄ the
+global prototype of the sample's class (the server's mean of the clients' per-class feature means,
+sent with ``fit``; ``align_lam`` = λ, FedPAC's R and weighting: :mod:`.fedpac`); ``"alternate-align"``
+is FedReMa+A&F, "optimizing the classifier first, then the feature extractor": ``align_head_epochs``
+on the head with the body frozen, then the run's epochs on the body with the head frozen and the
+alignment, as FedPAC's client. The "features" are the body's output (the input of FedReMa's head).
+The paper gives neither λ nor the head epochs: λ 1 and 1 epoch, FedPAC's defaults, until validated.
+
 ``similarity_rounds`` (Fig. 3: S(t) at t = 1, 50, 100, 150 under FedAvg) logs S itself at those
 rounds as ``fedrema_similarity`` (``round``, ``clients``: the uploading ids in S's order, ``S``
 rounded to 4 places), with MDS on or off (``mds = false`` is Table 5's FedAvg row: FedAvg with
@@ -111,9 +121,12 @@ from fedtail.algorithms.aggregate import WeightedMean, weighted_mean
 from fedtail.algorithms.base import Algorithm, AlgorithmConfig, Comm, Message, Reference, ServerHalf, Tensors
 from fedtail.algorithms.clustering import cosine_matrix
 from fedtail.algorithms.fedavg import FedAvgClient
+from fedtail.algorithms.fedproto import COUNTS, MEANS, PRESENT, global_prototypes, prototype_payload
+from fedtail.algorithms.fedrep import train_only
+from fedtail.algorithms.prototypes import ClassMean, alignment_loss, class_statistics
 
 if TYPE_CHECKING:
-    from fedtail.engine.context import ServerContext
+    from fedtail.engine.context import ClientContext, ServerContext
 
 FEDREMA_CODE = "FedReMa's code (liangh68/FedReMa)"
 SOFT_LOGITS_KEY = 0x50F7  # seed key of the random feature r, with the run seed and the round
@@ -129,6 +142,12 @@ class FedReMaConfig(AlgorithmConfig):
     head_weighting: Literal["uniform", "samples"] = Field(
         "uniform", description="heads in A_k averaged uniformly (authors' code) or by n_k (Eq. 7)"
     )
+    client_training: Literal["joint", "align", "alternate-align"] = Field(
+        "joint", description="clients: joint (FedAvg's training), align (FedReMa+F: FedPAC's feature alignment), "
+        "alternate-align (FedReMa+A&F: head first, then the body with the alignment)"
+    )
+    align_lam: float = Field(1.0, ge=0, description="λ of the feature alignment (client_training align / alternate-align)")
+    align_head_epochs: int = Field(1, ge=1, description="head epochs before the body's (client_training alternate-align)")
     similarity_rounds: list[int] = Field(
         default_factory=list, description="rounds at which S(t) itself is logged (fedrema_similarity; Fig. 3), "
         "with MDS on or off; changes no result"
@@ -213,6 +232,9 @@ class FedReMaServer(ServerHalf):
         self.in_ccp = True  # the critical co-learning period has not ended
         self.max_gap = 0.0  # historical max of the mean Δs
         self.ccp_rounds = 0
+        if ctx.options.client_training != "joint":  # global prototypes of FedReMa+F and +A&F
+            self.protos: torch.Tensor | None = None
+            self.present: torch.Tensor | None = None
 
     def head_of(self, cid: int) -> Tensors:
         """Client ``cid``'s head: its personalised one, else the initial head (the FedAvg head without MDS)."""
@@ -221,8 +243,11 @@ class FedReMaServer(ServerHalf):
 
     def run_round(self, rnd: int, clients: list[int], comm: Comm) -> None:
         opts: FedReMaConfig = self.ctx.options
-        messages = {cid: Message("fit", self.body | self.head_of(cid)) for cid in clients}
+        aligned = opts.client_training != "joint"
+        prototypes = global_prototypes(self.protos, self.present) if aligned else {}
+        messages = {cid: Message("fit", self.body | self.head_of(cid) | prototypes) for cid in clients}
         bodies, heads = WeightedMean(), WeightedMean()
+        protos = ClassMean("uniform")  # FedPAC's reference aggregation of the class means
         uploaded: dict[int, Tensors] = {}
         sizes: dict[int, float] = {}
         for cid, reply in comm.stream(messages):
@@ -231,8 +256,12 @@ class FedReMaServer(ServerHalf):
             bodies.add({k: reply.tensors[k] for k in self.body_keys}, n)
             heads.add(head, n)
             uploaded[cid], sizes[cid] = head, n
+            if aligned:
+                protos.add(reply.tensors[MEANS], reply.tensors[COUNTS])
         self.body = bodies.result()
         self.global_head = heads.result()
+        if aligned:
+            self.protos, self.present = protos.result()
         ids = sorted(uploaded)  # everything below is by client id, whatever the upload order
         S = None
         if rnd in opts.similarity_rounds:
@@ -318,11 +347,30 @@ class FedReMaServer(ServerHalf):
         return self.body | self.global_head
 
 
+class FedReMaClient(FedAvgClient):
+    """FedAvg's client, or with FedPAC's feature alignment (and alternate training): Table 4's variants."""
+
+    def fit(self, msg: Message, ctx: ClientContext) -> Message:
+        opts: FedReMaConfig = ctx.options
+        if opts.client_training == "joint":
+            return super().fit(msg, ctx)
+        model = ctx.load({k: v for k, v in msg.tensors.items() if k not in (MEANS, PRESENT)})
+        target = prototype_payload(msg)
+        feature_loss = None if target is None or opts.align_lam == 0 else alignment_loss(*target, opts.align_lam, "mse")
+        if opts.client_training == "alternate-align":
+            train_only(ctx, model.head, model.body, opts.align_head_epochs)
+            train_only(ctx, model.body, model.head, None, feature_loss=feature_loss)
+        else:
+            ctx.train(feature_loss=feature_loss)
+        local = class_statistics(model, ctx.dataset, ctx.data.train, ctx.num_classes)
+        return ctx.reply(ctx.weights() | {MEANS: local.means, COUNTS: local.counts})
+
+
 FEDREMA = Algorithm(
     name="fedrema",
     summary="FedReMa (Liang et al. 2024): FedAvg body, heads averaged over MDS-relevant peers, then by history G",
     server=FedReMaServer,
-    client=FedAvgClient,
+    client=FedReMaClient,
     config=FedReMaConfig,
     reference=Reference(FEDREMA_CODE, head="all-fc", momentum=0.9, grad_clip=10.0),
 )
