@@ -27,13 +27,17 @@ MAIN_TABLES = [
     "fedac/table1_fmnist.toml",
     "fedrema/table1_fmnist.toml",
 ]
-# Ablation / sensitivity rows: each sets an option on purpose (κ, module switches, λ, δ).
+# Ablation / sensitivity rows: each sets an option on purpose (κ, module switches, λ, δ, variants),
+# and the validation grids of such rows.
 ABLATIONS = [
+    "mupfl/table1_fmnist.toml",  # FedAvg / FL+HC / MuPFL at fixed cluster counts
     "mupfl/table5_fmnist.toml",
     "mupfl/table6_fmnist.toml",
     "gldp/table4_fmnist.toml",
     "fedrema/table3_fmnist.toml",
     "fedrema/table5_fmnist.toml",
+    "fedrema/table4_fmnist.toml",  # FedReMa+F, FedReMa+A&F: client_training variants
+    "fedrema/table4_validation_fmnist.toml",  # the variants' λ grid
 ]
 
 
