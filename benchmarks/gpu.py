@@ -53,6 +53,7 @@ import two_rounds  # noqa: E402  (benchmarks/two_rounds.py)
 from fedtail.components import build_config  # noqa: E402
 from fedtail.config import RunConfig  # noqa: E402
 from fedtail.engine import prepare  # noqa: E402
+from fedtail.engine.callbacks import Rows  # noqa: E402
 from fedtail.engine.device import configure, resolve  # noqa: E402
 from fedtail.engine.simulation import Simulation  # noqa: E402
 from fedtail.machine import machine_info  # noqa: E402
@@ -87,7 +88,7 @@ def fl_run(config: RunConfig, dataset, partition) -> dict[str, Any]:
     """One FL run: samples/s of its rounds (training, messages, aggregation; not the final evaluation)."""
     rows: list[dict] = []
     start = time.perf_counter()
-    sim = Simulation(config, dataset, partition, on_eval=rows.append)
+    sim = Simulation(config, dataset, partition, callbacks=[Rows(rows)])
     setup = time.perf_counter() - start
     summary = sim.run()
     train_time = summary["wall_time_s"] - summary["time_s"]["evaluation"]

@@ -136,6 +136,7 @@ def run_one(name: str, device: str | None = None, **top: Any) -> dict[str, Any]:
     """One algorithm's 2 rounds: its final metrics, the metric rows, and digests of rows and states."""
     from fedtail.components import build_config
     from fedtail.engine import checkpoint, prepare
+    from fedtail.engine.callbacks import Rows
     from fedtail.engine.simulation import Simulation
 
     extra = {} if device is None else {"device": device}
@@ -144,7 +145,7 @@ def run_one(name: str, device: str | None = None, **top: Any) -> dict[str, Any]:
     dataset, partition = prepare(config)
     rows: list[dict[str, Any]] = []
     start = time.perf_counter()
-    sim = Simulation(config, dataset, partition, on_eval=rows.append)
+    sim = Simulation(config, dataset, partition, callbacks=[Rows(rows)])
     sim.run()
     seconds = time.perf_counter() - start
     digests = {}

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
-from fedtail.api import Algorithm, AlgorithmConfig, ClientHalf, Message, ServerHalf, WeightedMean
+from fedtail.api import Algorithm, AlgorithmConfig, ClientHalf, Message, ServerHalf, Term, WeightedMean
 
 
 class Options(AlgorithmConfig):
@@ -45,7 +45,7 @@ class Client(ClientHalf):
         def proximal(model, x, y, logits) -> torch.Tensor:
             return 0.5 * mu * sum((p - a).pow(2).sum() for p, a in zip(model.parameters(), anchor))
 
-        ctx.train(extra_loss=proximal)
+        ctx.train(hook=Term(proximal))
         return ctx.reply(ctx.weights())
 
 

@@ -25,6 +25,7 @@ from fedtail.cli.main import app
 from fedtail.config import RunConfig
 from fedtail.components import build_config
 from fedtail.engine import prepare
+from fedtail.engine.callbacks import Rows
 from fedtail.engine.executors import ClientRuntime, Task
 from fedtail.engine.simulation import Simulation
 from fedtail.errors import ConfigError
@@ -36,7 +37,7 @@ from fedtail.components import algorithm_options
 def simulation(config: RunConfig, rows: list | None = None) -> Simulation:
     """A simulation ready to run; its evaluation rows are appended to ``rows`` if given."""
     dataset, partition = prepare(config)
-    return Simulation(config, dataset, partition, on_eval=None if rows is None else rows.append)
+    return Simulation(config, dataset, partition, callbacks=[] if rows is None else [Rows(rows)])
 
 
 def run_with_summary(config: RunConfig) -> tuple[dict, list[dict], Simulation]:

@@ -13,6 +13,7 @@ import pytest
 import fedtail
 from fedtail import components
 from fedtail.engine import checkpoint, prepare
+from fedtail.engine.callbacks import Checkpointer
 from fedtail.engine.simulation import Simulation
 from helpers import invoke, strip_timing
 
@@ -74,6 +75,40 @@ def test_run_in_memory_writes_nothing_and_matches_a_folder_run(tmp_path, monkeyp
     assert loaded.summary["final"] == result.summary["final"]
 
 
+def test_a_callback_sees_every_round_and_evaluation_in_memory_and_in_a_folder(tmp_path):
+    class Seen(fedtail.Callback):
+        def __init__(self):
+            self.events = []
+
+        def on_run_start(self, sim, first_round):
+            self.events.append(("start", first_round))
+
+        def on_evaluation(self, sim, row):
+            self.events.append(("eval", row["round"]))
+
+        def on_round_end(self, sim, rnd, row):
+            self.events.append(("round", rnd, None if row is None else row["round"]))
+
+        def on_run_end(self, sim, summary):
+            self.events.append(("end", summary["status"]))
+
+    expected = [("start", 0), ("round", 1, None), ("eval", 2), ("round", 2, 2), ("round", 3, None),
+                ("eval", 4), ("round", 4, 4), ("end", "finished")]  # fmt: skip
+    flags = TINY | {"rounds": 4, "eval_every": 2}
+    seen = Seen()
+    plain = fedtail.run(algorithm="fedavg", out=None, **flags)
+    result = fedtail.run(algorithm="fedavg", out=None, callbacks=[seen], **flags)
+    assert seen.events == expected
+    assert strip_timing(result.rows) == strip_timing(plain.rows)  # observing changes nothing
+    in_folder = Seen()
+    fedtail.run(algorithm="fedavg", out=tmp_path / "r", callbacks=[in_folder], **flags)
+    assert in_folder.events == expected
+    with pytest.raises(fedtail.ConfigError, match="callbacks: .*list"):
+        fedtail.run(algorithm="fedavg", out=None, callbacks=Seen(), **flags)
+    with pytest.raises(fedtail.ConfigError, match="builtin_function_or_method is not a fedtail.Callback"):
+        fedtail.run(algorithm="fedavg", out=None, callbacks=[print], **flags)
+
+
 def test_errors_are_the_command_lines(tmp_path):
     with pytest.raises(fedtail.ConfigError) as err:
         fedtail.run(algorithm="nope", out=None, **TINY)
@@ -108,7 +143,7 @@ def test_a_plugin_algorithm_runs_serial_parallel_resumed_and_in_a_sweep(plugin, 
 
     config = fedtail.config_from_flags(algorithm=name, checkpoint_every=1, **TINY)
     saved = []
-    Simulation(config, *prepare(config), on_checkpoint=lambda s: saved.append(checkpoint.to_bytes(s))).run()
+    Simulation(config, *prepare(config), callbacks=[Checkpointer(lambda s: saved.append(checkpoint.to_bytes(s)))]).run()
     resumed = Simulation(config, *prepare(config))
     resumed.restore(checkpoint.load(saved[0]))
     resumed.run()

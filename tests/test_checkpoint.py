@@ -15,6 +15,7 @@ from sklearn.decomposition import PCA
 from conftest import tiny_config
 from fedtail.algorithms import ALGORITHMS
 from fedtail.engine import checkpoint, prepare
+from fedtail.engine.callbacks import Checkpointer, OnRound
 from fedtail.engine.checkpoint import CheckpointError, decode, encode
 from fedtail.engine.simulation import Simulation
 from fedtail.report.runfiles import CHECKPOINT, CHECKPOINT_INFO
@@ -98,7 +99,7 @@ def stopped_and_resumed(
 ) -> tuple[Simulation, dict, Simulation, dict]:
     """An uninterrupted run (its one checkpoint taken after round ``at``) and a new simulation resumed from it."""
     saved: list[bytes] = []
-    reference = Simulation(config, *prepare(config), on_checkpoint=lambda s: saved.append(checkpoint.to_bytes(s)))
+    reference = Simulation(config, *prepare(config), callbacks=[Checkpointer(lambda s: saved.append(checkpoint.to_bytes(s)))])
     ref_summary = reference.run()
     assert len(saved) == 1  # after round `at`; none after the last round
     torch.manual_seed(12345), np.random.seed(12345)  # another process's streams: the checkpoint restores them
@@ -115,7 +116,7 @@ def assert_same_run(reference: Simulation, ref_summary: dict, resumed: Simulatio
     assert strip_timing(resumed.record.rows) == strip_timing(reference.record.rows)
     assert no_timing(summary) == no_timing(ref_summary)
     assert same(encode(resumed.server.state_dict()), encode(reference.server.state_dict()))
-    assert same(encode(resumed.client_state), encode(reference.client_state))
+    assert same(encode(dict(resumed.client_state)), encode(dict(reference.client_state)))
     assert resumed.meter.samples_trained == reference.meter.samples_trained
 
 
@@ -136,6 +137,24 @@ def test_client_state_on_disk_runs_checkpoints_and_resumes_as_in_memory(name):
     assert strip_timing(resumed.record.rows) == strip_timing(reference.record.rows)
     assert no_timing(summary) == no_timing(ref_summary)
     assert not reference.client_state.dir.exists() and not resumed.client_state.dir.exists()  # removed at the end
+
+
+@pytest.mark.parametrize("kind", ["memory", "disk"])
+def test_a_store_accepts_a_held_state_once_and_forgets_a_dropped_one(tmp_path, kind):
+    """The one protocol of every client-state store (engine/states.py): hold, accept, drop."""
+    from fedtail.engine.states import ClientStates, make_states
+
+    store = make_states(kind, tmp_path)
+    assert isinstance(store, ClientStates) and store.get(1, {}) == {}
+    store.hold(1, {"w": torch.ones(2)}, (3, 0))
+    assert 1 not in store and not store.accept(1, (3, 1))  # pending only; another call's tag
+    assert store.accept(1, (3, 0)) and torch.equal(store[1]["w"], torch.ones(2))
+    store.hold(1, {"w": torch.zeros(2)})
+    store.drop(1)
+    assert not store.accept(1, (4, 0)) and torch.equal(store[1]["w"], torch.ones(2))
+    store.hold(2, {"n": 5})
+    assert store.accept(2) and list(store) == [1, 2]  # untagged: accepted as held
+    store.close()
 
 
 def test_disk_states_read_copies_and_reject_writes_after_close(tmp_path):
@@ -182,10 +201,10 @@ def test_pending_round_logs_and_two_workers_resume_bit_identically():
 def test_checkpointing_does_not_change_the_run():
     config = tiny_config(algorithm="ifca", rounds=3, checkpoint_every=1)
     saved = []
-    with_checkpoints = Simulation(config, *prepare(config), on_checkpoint=saved.append)
+    with_checkpoints = Simulation(config, *prepare(config), callbacks=[Checkpointer(saved.append)])
     summary = with_checkpoints.run()
     plain_config = config.model_copy(update={"checkpoint_every": 0})
-    plain = Simulation(plain_config, *prepare(plain_config), on_checkpoint=saved.append)
+    plain = Simulation(plain_config, *prepare(plain_config), callbacks=[Checkpointer(saved.append)])
     assert no_timing(plain.run()) == no_timing(summary)
     assert [s["round"] for s in saved] == [1, 2]  # none after the last round, none with 0
     assert strip_timing(plain.record.rows) == strip_timing(with_checkpoints.record.rows)
@@ -203,7 +222,7 @@ def stop_after(last: int):
         if rnd == last:
             raise Stop  # like Ctrl-C or the end of a session, after round `last`
 
-    return on_round
+    return [OnRound(on_round)]
 
 
 def folder(out: Path) -> tuple[dict, list[dict]]:
@@ -221,12 +240,12 @@ def test_a_stopped_run_folder_resumes_to_the_same_files(tmp_path, name, override
     reference = run_to_folder(config, tmp_path / "ref")
     out = tmp_path / "cut"
     with pytest.raises(Stop):
-        run_to_folder(config, out, on_round=stop_after(3))  # checkpoint after round 2, stopped after 3
+        run_to_folder(config, out, stop_after(3))  # checkpoint after round 2, stopped after 3
     info = json.loads((out / CHECKPOINT_INFO).read_text())
     assert info["round"] == 2 and info["rounds"] == 5 and info["bytes"] == (out / CHECKPOINT).stat().st_size
     assert (out / "FAILED").is_file() and not (out / "summary.json").exists()
     starts = []
-    summary = run_to_folder(config, out, on_round=lambda rnd, row: starts.append(rnd), resume=None)  # auto
+    summary = run_to_folder(config, out, [OnRound(lambda rnd, row: starts.append(rnd))], resume=None)  # auto
     assert starts[:2] == [2, 3]  # the progress starts at the checkpoint
     assert no_timing(summary) == no_timing(reference)
     assert folder(out) == folder(tmp_path / "ref")  # metrics.jsonl lost the stopped run's round-3 row
@@ -240,7 +259,7 @@ def test_a_stopped_run_folder_resumes_to_the_same_files(tmp_path, name, override
 def test_a_checkpoint_without_pieces_resumes_with_its_first_machine_unknown(tmp_path):
     config = tiny_config(rounds=3, checkpoint_every=1)
     with pytest.raises(Stop):
-        run_to_folder(config, tmp_path, on_round=stop_after(2))
+        run_to_folder(config, tmp_path, stop_after(2))
     state = checkpoint.load(tmp_path / CHECKPOINT)
     assert [p["from_round"] for p in state["pieces"]] == [1]
     del state["pieces"]  # as written by a fedtail that did not record them
@@ -255,7 +274,7 @@ def test_a_checkpoint_without_pieces_resumes_with_its_first_machine_unknown(tmp_
 def test_resume_refuses_a_checkpoint_of_another_config(tmp_path):
     config = tiny_config(rounds=3, checkpoint_every=1)
     with pytest.raises(Stop):
-        run_to_folder(config, tmp_path, on_round=stop_after(1))
+        run_to_folder(config, tmp_path, stop_after(1))
     other = tiny_config(rounds=3, checkpoint_every=1, train={"lr": 0.07})
     with pytest.raises(CheckpointError, match=r"another config \(train.lr: 0.05 -> 0.07\)"):
         run_to_folder(other, tmp_path, resume=True)
@@ -275,7 +294,7 @@ def test_cli_resumes_from_the_folder_alone_and_refuses_another_config(tmp_path):
     config = json.loads((tmp_path / "ref" / "config.json").read_text())
     assert config["checkpoint_every"] == 1 and not (tmp_path / "ref" / CHECKPOINT).exists()
     with pytest.raises(Stop):
-        run_to_folder(tiny_from(config), out, on_round=stop_after(2))
+        run_to_folder(tiny_from(config), out, stop_after(2))
 
     res = invoke("run", "--resume", "--out", tmp_path / "nothing")
     assert res.exit_code == 2 and "no checkpoint" in res.output, res.output
@@ -312,7 +331,7 @@ def test_a_sweep_resumes_a_checkpointed_run_and_counts_only_its_remaining_rounds
     (fedavg,) = load_sweep(path).runs
     reference = run_to_folder(fedavg.config, tmp_path / "ref")
     with pytest.raises(Stop):
-        run_to_folder(fedavg.config, fedavg.dir, on_round=stop_after(3))
+        run_to_folder(fedavg.config, fedavg.dir, stop_after(3))
     status = run_status(fedavg)
     assert (status.state, status.rounds_done) == ("partial", 2)
     times = WallTimes()
@@ -333,7 +352,7 @@ def test_a_sweep_resumes_a_checkpointed_run_and_counts_only_its_remaining_rounds
     # a checkpoint of another config is not resumed: the folder is cleared and rerun
     other = tmp_path / "other"
     with pytest.raises(Stop):
-        run_to_folder(fedavg.config.model_copy(update={"seed": 5}), other, on_round=stop_after(3))
+        run_to_folder(fedavg.config.model_copy(update={"seed": 5}), other, stop_after(3))
     (fedavg.dir / "summary.json").unlink()
     for name in (CHECKPOINT, CHECKPOINT_INFO):
         (other / name).replace(fedavg.dir / name)

@@ -11,7 +11,7 @@ import torch
 from conftest import tiny_config, tiny_raw
 from fedtail.components import build_config
 from fedtail.algorithms.aggregate import WeightedMean, weighted_mean
-from fedtail.algorithms.base import Algorithm, ClientHalf, EdgeHalf, Message, ServerHalf
+from fedtail.algorithms.base import Algorithm, ClientHalf, EdgeHalf, FeatureTerm, Message, ServerHalf, StepHook
 from fedtail.engine import prepare
 from fedtail.engine.simulation import Simulation, assign_edges, sample_clients
 from helpers import assert_serial_and_parallel_agree, run, run_with_summary, strip_timing
@@ -199,7 +199,7 @@ class _SumEdge(EdgeHalf):
         return {-1 - edge_id: Message("edge", {"sum": torch.tensor([total])})}
 
 
-Algorithm("test-two-step", "test only", _TwoStepServer, _TwoStepClient, edge=_SumEdge, has_global_model=False)
+Algorithm("test-two-step", "test only", _TwoStepServer, _TwoStepClient, edge=_SumEdge)
 
 
 def test_multi_exchange_edges_and_client_state():
@@ -228,7 +228,7 @@ def test_partition_survives_moving_the_dataset_to_shared_memory():
 
 
 def test_feature_loss_sees_the_body_output_and_zero_loss_changes_nothing():
-    """ctx.train(feature_loss=...) runs body and head apart: same steps when the term is zero,
+    """ctx.train(hook=FeatureTerm(...)) runs body and head apart: same steps when the term is zero,
     the features it gets are model.features(x), and a real term moves the weights."""
     from fedtail.engine.context import ClientContext
     from helpers import runtime
@@ -253,11 +253,50 @@ def test_feature_loss_sees_the_body_output_and_zero_loss_changes_nothing():
     for loss in (None, zero, pull):
         ctx = context()
         ctx.load(init)
-        ctx.train(epochs=1, feature_loss=loss)
+        ctx.train(epochs=1, hook=FeatureTerm(loss))
         results.append(ctx.weights())
     assert seen and seen[0].shape[1] == ctx.model().feature_dim
     for k in results[0]:
         assert torch.equal(results[0][k], results[1][k]), k
+    assert any(not torch.equal(results[0][k], results[2][k]) for k in results[0])
+
+
+def test_a_step_hook_sees_every_pass_and_step_and_adds_its_term():
+    """One StepHook: before_epoch per pass over the data, loss per batch (added to the
+    cross-entropy), after_step per step with the batch's cross-entropy; a term of zero changes nothing."""
+    from fedtail.engine.context import ClientContext
+    from helpers import runtime
+
+    rt = runtime(tiny_config())
+
+    class Seen(StepHook):
+        def __init__(self, coef):
+            self.coef, self.epochs, self.losses, self.steps = coef, [], [], []
+
+        def before_epoch(self, epoch):
+            self.epochs.append(epoch)
+
+        def loss(self, model, x, y, logits, features):
+            assert features is None  # features = False: one forward
+            self.losses.append(len(y))
+            return self.coef * logits.pow(2).mean()
+
+        def after_step(self, loss):
+            assert loss.dim() == 0 and not loss.requires_grad
+            self.steps.append(float(loss))
+
+    results = []
+    for hook in (None, Seen(0.0), Seen(1.0)):
+        ctx = ClientContext(0, 1, 7, rt.views.at(1)[0], rt.workspace, rt.options)
+        ctx.load(rt.workspace.init_weights)
+        stats = ctx.train(epochs=2, hook=hook)
+        results.append(ctx.weights())
+        if hook is not None:
+            assert hook.epochs == [0, 1] and len(hook.steps) == stats.steps == len(hook.losses)
+            assert sum(hook.losses) == stats.samples
+            weighted = sum(l * n for l, n in zip(hook.steps, hook.losses)) / stats.samples
+            assert weighted == pytest.approx(stats.loss, rel=1e-6)  # each step's CE, as the stats sum it
+    assert all(torch.equal(results[0][k], results[1][k]) for k in results[0])
     assert any(not torch.equal(results[0][k], results[2][k]) for k in results[0])
 
 

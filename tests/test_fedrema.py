@@ -600,7 +600,7 @@ def test_table4_variants_align_features_to_global_prototypes_fedpac_style(monkey
         return original_align(protos, present, lam, alignment)
 
     def only(ctx, trained, frozen, epochs, **kw):
-        calls["train_only"].append((trained is ctx.model().head, epochs, "feature_loss" in kw))
+        calls["train_only"].append((trained is ctx.model().head, epochs, "hook" in kw))
         return original_only(ctx, trained, frozen, epochs, **kw)
 
     monkeypatch.setattr(module, "alignment_loss", align)

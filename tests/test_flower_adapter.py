@@ -18,6 +18,7 @@ import flwr  # noqa: E402,F401  (no skip: `make test` installs Flower, and CI mu
 
 from fedtail.config import RunConfig  # noqa: E402
 from fedtail.engine import prepare  # noqa: E402
+from fedtail.engine.callbacks import OnRound, Rows  # noqa: E402
 from fedtail.engine.executors import ClientRuntime, SerialExecutor  # noqa: E402
 from fedtail.engine.simulation import Simulation  # noqa: E402
 from fedtail.flower import FlowerError  # noqa: E402
@@ -148,7 +149,7 @@ def test_a_node_lost_in_a_round_is_missing_and_rejoins_with_its_state(tmp_path, 
     b_clients = {1, 3, 5}
     reference_rows: list[dict] = []
     dataset, partition = prepare(config)
-    reference = Simulation(config, dataset, partition, on_eval=reference_rows.append,
+    reference = Simulation(config, dataset, partition, callbacks=[Rows(reference_rows)],
                            executor_factory=lambda sim: LosingExecutor(sim, 2, b_clients))  # fmt: skip
     reference.run()
 
@@ -164,7 +165,7 @@ def test_a_node_lost_in_a_round_is_missing_and_rejoins_with_its_state(tmp_path, 
             grid.late = set()
 
     settings = GridSettings(round_timeout=0.5, node_wait=2.0)
-    run_to_folder(config, tmp_path / "r", on_round=on_round,
+    run_to_folder(config, tmp_path / "r", [OnRound(on_round)],
                   executor_factory=lambda sim: GridExecutor(sim, grid, settings), checkpoints=False)  # fmt: skip
     rows = rows_of(tmp_path / "r")
     assert strip_timing(rows) == as_json(strip_timing(reference_rows))
@@ -188,7 +189,7 @@ def test_a_node_that_goes_offline_is_not_waited_for(tmp_path):
     def on_round(rnd, row):
         grid.offline.add(101)
 
-    run_to_folder(config, tmp_path / "r", on_round=on_round,
+    run_to_folder(config, tmp_path / "r", [OnRound(on_round)],
                   executor_factory=lambda sim: GridExecutor(sim, grid, grid_settings), checkpoints=False)  # fmt: skip
     rows = rows_of(tmp_path / "r")
     assert rows[1]["rounds_log"][0]["missing"] == [3, 4, 5]
@@ -232,15 +233,20 @@ def test_pending_state_becomes_the_state_only_when_confirmed(tmp_path):
     import torch
 
     store = StateStore(tmp_path, 7)
-    assert store.load(0) == {}
-    store.put_pending(0, (1, 0), {"w": torch.ones(2)})
-    assert store.load(0) == {}  # not accepted yet
-    assert not store.confirm(0, (1, 1))  # another call's tag
-    assert store.confirm(0, (1, 0)) and store.confirm(0, (1, 0))  # confirming twice is harmless
+    assert store.load(0) == {} and 0 not in store and list(store) == []
+    store.hold(0, {"w": torch.ones(2)}, (1, 0))
+    assert store.load(0) == {} and len(store) == 0  # not accepted yet
+    assert not store.accept(0, (1, 1))  # another call's tag
+    assert store.accept(0, (1, 0)) and store.accept(0, (1, 0))  # confirming twice is harmless
+    assert torch.equal(store.load(0)["w"], torch.ones(2)) and list(store) == [0]
+    store.hold(0, {"w": torch.zeros(2)}, (2, 0))
+    store.drop(0)
     assert torch.equal(store.load(0)["w"], torch.ones(2))
-    store.put_pending(0, (2, 0), {"w": torch.zeros(2)})
-    store.drop_pending(0)
-    assert torch.equal(store.load(0)["w"], torch.ones(2))
+    assert not store.accept(0, (2, 0))  # dropped: nothing to accept
+    store[3] = {"w": torch.zeros(1)}
+    assert list(store) == [0, 3] and 3 in store
+    del store[3]
+    assert list(store) == [0]
 
 
 # --- certificates, keys, the command line ------------------------------------------------------------------------

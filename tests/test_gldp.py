@@ -367,7 +367,7 @@ def test_head_then_body_schedule_trains_the_right_parts(monkeypatch):
         stats = real(ctx, part, frozen, epochs, **args)
         after = ctx.weights()
         changed = {k for k in before if not torch.equal(before[k], after[k])}
-        calls.append(dict(epochs=epochs, changed=changed, loss=args.get("feature_loss"), samples=stats.samples))
+        calls.append(dict(epochs=epochs, changed=changed, loss=getattr(args.get("hook"), "fn", None), samples=stats.samples))
         return stats
 
     monkeypatch.setattr(gldp, "train_only", spy)

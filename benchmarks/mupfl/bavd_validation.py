@@ -82,7 +82,7 @@ def local_round(model, init, dataset, index, spec, lr, generator) -> None:
     spec = dict(spec)
     maps = ActivationMaps(spec.pop("layers"), float(spec.pop("psi_sign")), spec.pop("rescale"), **spec)
     with maps.attached(model):
-        train_epochs(model, opt, dataset, index, epochs=10, batch_size=64, generator=generator, on_step=maps.on_step)
+        train_epochs(model, opt, dataset, index, epochs=10, batch_size=64, generator=generator, hook=maps.hook())
 
 
 def main() -> None:

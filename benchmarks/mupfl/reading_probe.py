@@ -22,6 +22,7 @@ import torch
 from fedtail.components import build_config
 from fedtail.config import parse_value
 from fedtail.engine import prepare
+from fedtail.engine.callbacks import Rows
 from fedtail.engine.simulation import Simulation
 
 
@@ -52,7 +53,7 @@ def main() -> None:
     )
     dataset, partition = prepare(config)
     rows: list[dict] = []
-    sim = Simulation(config, dataset, partition, on_eval=rows.append)
+    sim = Simulation(config, dataset, partition, callbacks=[Rows(rows)])
     start = time.perf_counter()
     sim.run()
     seconds = time.perf_counter() - start

@@ -6,8 +6,9 @@
 
 :func:`run` takes the flags of ``fedtail run`` as keywords (dashes become underscores), plus
 ``set`` (``{"fedprox.mu": 0.1}`` or a list of ``"KEY=VALUE"``), ``config`` (a TOML file, as
-``--config``), ``out`` (a folder, or None: nothing is written to disk), ``overwrite`` and
-``resume``. Bad input raises :class:`~fedtail.errors.ConfigError` / :class:`~fedtail.errors.DataError`
+``--config``), ``out`` (a folder, or None: nothing is written to disk), ``overwrite``,
+``resume`` and ``callbacks`` (:class:`Callback` instances: the run's start, each evaluation, each
+round and its end; for live logging, early looks at the state, a progress display). Bad input raises :class:`~fedtail.errors.ConfigError` / :class:`~fedtail.errors.DataError`
 with the command line's messages; a diverged run raises :class:`~fedtail.errors.RunDiverged`
 (its folder, if any, keeps the rows and a ``summary.json`` that says so).
 
@@ -36,15 +37,19 @@ from fedtail.algorithms.base import (
     Message,
     PersonalClient,
     ServerHalf,
+    StepHook,
     Tensors,
+    Term,
+    FeatureTerm,
 )
 from fedtail.config import FLAG_KEYS, RunConfig, flags_to_nested, load_toml, merge
 from fedtail.data.base import Dataset, Split
+from fedtail.engine.callbacks import Callback, Rows
 from fedtail.engine.context import ClientContext, ServerContext
 from fedtail.errors import ConfigError, DataError, FedtailError, RunDiverged
 from fedtail.models.base import SplitModel
 
-_EXTRA = ("set", "config", "out", "overwrite", "resume")
+_EXTRA = ("set", "config", "out", "overwrite", "resume", "callbacks")
 
 
 @dataclass
@@ -83,23 +88,39 @@ def config_from_flags(**flags: Any) -> RunConfig:
     return build_config(raw, _sets(flags.get("set")))
 
 
+def _callbacks(value: Any) -> list[Callback]:
+    """``callbacks=`` of :func:`run`: a list of :class:`Callback` instances, checked before the run."""
+    if value is None:
+        return []
+    if isinstance(value, Callback) or not isinstance(value, (list, tuple)):
+        raise ConfigError("callbacks: a list of fedtail.Callback instances (callbacks=[MyCallback()])")
+    bad = [type(cb).__name__ for cb in value if not isinstance(cb, Callback)]
+    if bad:
+        raise ConfigError(f"callbacks: {', '.join(bad)} is not a fedtail.Callback (subclass it, override its on_* methods)")
+    return list(value)
+
+
 def run(**flags: Any) -> RunResult:
-    """One run, as ``fedtail run`` does it (see the module docstring); ``out=None`` writes nothing."""
+    """One run, as ``fedtail run`` does it (see the module docstring); ``out=None`` writes nothing.
+
+    ``callbacks=[...]``: :class:`Callback` instances told of the run's start, every evaluation,
+    every round and its end (:mod:`fedtail.engine.callbacks`)."""
     out = flags.get("out")
     config = config_from_flags(**flags)
+    callbacks = _callbacks(flags.get("callbacks"))
     if out is None:
         from fedtail.engine import prepare
         from fedtail.engine.simulation import Simulation
 
         dataset, partition = prepare(config)
-        rows: list[dict[str, Any]] = []
-        sim = Simulation(config, dataset, partition, on_eval=rows.append)
+        rows = Rows()
+        sim = Simulation(config, dataset, partition, callbacks=[rows, *callbacks])
         try:
             summary = sim.run()
         except RunDiverged:
             raise
         head = {"algorithm": config.algorithm, "dataset": config.dataset, "seed": config.seed}
-        return RunResult(head | summary, rows, config, None, partition.summary())
+        return RunResult(head | summary, rows.rows, config, None, partition.summary())
     from fedtail.report.runfiles import is_finished
     from fedtail.runner import run_to_folder
 
@@ -107,7 +128,7 @@ def run(**flags: Any) -> RunResult:
     if is_finished(out) and not flags.get("overwrite"):
         raise FedtailError(f"out {out} already holds a finished (or diverged) run; pass overwrite=True")
     resume = True if flags.get("resume") else (False if flags.get("overwrite") else None)
-    run_to_folder(config, out, resume=resume)
+    run_to_folder(config, out, callbacks, resume=resume)
     return load_run(out)
 
 
@@ -173,6 +194,7 @@ def sweep(
 __all__ = [
     "Algorithm",
     "AlgorithmConfig",
+    "Callback",
     "ClientContext",
     "ClientHalf",
     "Comm",
@@ -187,6 +209,9 @@ __all__ = [
     "RunResult",
     "ServerContext",
     "ServerHalf",
+    "StepHook",
+    "Term",
+    "FeatureTerm",
     "Split",
     "SplitModel",
     "Tensors",

@@ -1,7 +1,7 @@
 """One run into one folder: prepare the data, simulate, record ``config.json``, metrics, summary.
 
 :func:`run_to_folder` is what ``fedtail run``, ``fedtail compare`` and every run of a sweep
-execute; it prints nothing (the command line adds its progress bar through ``on_round``).
+execute; it prints nothing (the command line adds its progress bar as a callback).
 Every ``checkpoint_every`` rounds the run's state goes to ``checkpoint.pt`` in the folder; a
 run stopped after that resumes from it (``resume``) with the results of an unstopped run.
 """
@@ -9,15 +9,13 @@ run stopped after that resumes from it (``resume``) with the results of an unsto
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from fedtail.config import RunConfig
+from fedtail.engine.callbacks import Callback
 from fedtail.errors import RunDiverged
 from fedtail.machine import gpu_name, machine_info
 from fedtail.provenance import code_info
-
-OnRound = Callable[[int, "dict[str, Any] | None"], None]
-
 
 def checkpoint_diffs(config: RunConfig, out: Path) -> tuple[dict[str, Any], list[str]] | None:
     """The checkpoint in ``out`` (its ``checkpoint.json``) and how its config differs from ``config``.
@@ -36,7 +34,7 @@ def checkpoint_diffs(config: RunConfig, out: Path) -> tuple[dict[str, Any], list
 def run_to_folder(
     config: RunConfig,
     out: Path,
-    on_round: OnRound | None = None,
+    callbacks: Sequence[Callback] = (),
     resume: bool | None = False,
     executor_factory: Callable[[Any], Any] | None = None,
     checkpoints: bool = True,
@@ -44,10 +42,10 @@ def run_to_folder(
     """Prepare, run and record one experiment into ``out``; returns the summary.
 
     Bad input (unknown data, a partition that cannot be cut) raises before anything is
-    written. ``on_round(r0, None)`` is called once when the rounds start (r0 = 0, or the
-    checkpoint's round when resuming), then ``on_round(rnd, row)`` after every round (``row`` is
-    the evaluation of that round, or None). A crash leaves ``FAILED`` in ``out`` and is
-    re-raised; ``summary.json`` is written last, and the checkpoint is then deleted.
+    written. ``callbacks`` (:mod:`fedtail.engine.callbacks`) are told of the run after the
+    folder's own (the metrics file, the checkpoints); their ``on_run_start`` comes once the
+    folder is ready. A crash leaves ``FAILED`` in ``out`` and is re-raised; ``summary.json`` is
+    written last, and the checkpoint is then deleted.
 
     ``resume``: True continues from ``out/checkpoint.pt``, which must exist and be of the same
     config (else :class:`~fedtail.engine.checkpoint.CheckpointError`); None does so when there is
@@ -58,6 +56,7 @@ def run_to_folder(
     ``summary.json``. ``checkpoints=False`` writes none (client state kept elsewhere cannot be in them).
     """
     from fedtail.engine import checkpoint, prepare
+    from fedtail.engine.callbacks import Checkpointer, MetricsFile
     from fedtail.engine.simulation import Simulation
     from fedtail.report import RunWriter
     from fedtail.report.runfiles import CHECKPOINT, config_diff
@@ -84,13 +83,14 @@ def run_to_folder(
         pieces = list(state.get("pieces") or [_piece(1, {})]) + [_piece(state["round"] + 1, machine)]
     dataset, partition = prepare(config)  # raises before anything is written
     writer = RunWriter(out)
+    own: list[Callback] = [MetricsFile(writer)]
+    if checkpoints:
+        own.append(Checkpointer(lambda state: checkpoint.save(out, state | {"pieces": pieces})))
     sim = Simulation(
         config,
         dataset,
         partition,
-        on_eval=writer.append_metrics,
-        on_round=on_round,
-        on_checkpoint=(lambda s: checkpoint.save(out, s | {"pieces": pieces})) if checkpoints else None,
+        callbacks=[*own, *callbacks],
         executor_factory=executor_factory,
         run_dir=out,
     )
@@ -116,8 +116,6 @@ def run_to_folder(
         "code": code_info(),
     }
     try:
-        if on_round is not None:
-            on_round(sim.rounds_done, None)
         summary = sim.run()
     except RunDiverged as err:
         writer.finish(_transport(sim, head | sim.diverged_summary(err)))  # the rows stay; no accuracy as a result

@@ -68,6 +68,7 @@ from pydantic import Field
 from torch.func import functional_call
 
 from fedtail.algorithms.base import Algorithm, AlgorithmConfig, ClientHalf, Message, Reference, Tensors
+from fedtail.algorithms.base import StepHook
 from fedtail.algorithms.fedavg import FedAvgServer
 
 if TYPE_CHECKING:
@@ -114,12 +115,12 @@ def mix(v: Tensors, w: Tensors, alpha: float) -> Tensors:
     return {k: alpha * v[k] + (1 - alpha) * w[k] if w[k].is_floating_point() else w[k] for k in w}
 
 
-class _PersonalSteps:
+class _PersonalSteps(StepHook):
     """The v and α updates, run on every batch that ``ctx.train`` draws for w.
 
-    ``before`` is passed as ``extra_loss`` (it sees the batch before w's step and adds nothing to
-    w's loss), ``after`` as ``on_step`` (called after w's step), so the batches, their order and
-    the number of steps are exactly those of w's local training.
+    The hook of w's ``ctx.train``: ``loss`` sees the batch before w's step (and adds nothing to
+    w's loss), ``after_step`` runs after it, so the batches, their order and the number of steps
+    are exactly those of w's local training.
     """
 
     def __init__(self, ctx: ClientContext, personal: nn.Module, w: list[torch.Tensor], alpha: float) -> None:
@@ -137,14 +138,14 @@ class _PersonalSteps:
         self.updated = opts.mix_w == "updated"
         self.batch: tuple[torch.Tensor, torch.Tensor] | None = None
 
-    def before(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    def loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, logits: torch.Tensor, features: None) -> torch.Tensor:
         if self.updated:
             self.batch = (x, y)
         else:
             self.step(x, y)  # w has not moved yet
         return logits.new_zeros(())
 
-    def after(self, loss: float) -> None:
+    def after_step(self, loss: torch.Tensor) -> None:
         if self.updated:
             assert self.batch is not None
             self.step(*self.batch)
@@ -175,7 +176,7 @@ class APFLClient(ClientHalf):
         personal = ctx.load(v, role="personal")
         personal.train()
         steps = _PersonalSteps(ctx, personal, list(model.parameters()), ctx.state.get("alpha", opts.alpha))
-        ctx.train(extra_loss=steps.before, on_step=steps.after)
+        ctx.train(hook=steps)
         steps.optimizer.zero_grad(set_to_none=True)
         upload = ctx.weights()
         ctx.state["v"] = ctx.weights("personal")

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Iterator, Literal, Mapping, Protocol
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator, Literal, Mapping, Protocol
 
 import torch
 from pydantic import BaseModel, ConfigDict
 
 if TYPE_CHECKING:  # pragma: no cover - imports for type checkers only
+    from torch import nn
+
     from fedtail.engine.context import ClientContext, ServerContext
 
 Tensors = dict[str, torch.Tensor]
@@ -199,7 +201,7 @@ PFLLIB = "PFLlib"
 class Reference:
     """How an algorithm's reference code runs it: the settings a run gets unless it sets them.
 
-    ``fedtail.config.build_config`` fills a run's unset ``head``, ``train.momentum``,
+    ``fedtail.components.build_config`` fills a run's unset ``head``, ``train.momentum``,
     ``train.weight_decay``, ``train.grad_clip`` and the ``options`` named here, and writes them
     into ``config.json``;
     a stored config is read literally. The defaults (the model's own split, plain SGD without
@@ -236,7 +238,6 @@ class Algorithm:
     client: type[ClientHalf]
     config: type[AlgorithmConfig] = AlgorithmConfig
     edge: type[EdgeHalf] | None = None
-    has_global_model: bool = True
     reference: Reference = field(default_factory=Reference)
     # False: every client is evaluated with the global model (FedAvg, FedProx, FEDIC, CReFF, ...),
     # the method has no personalised model; with stage tasks the engine then takes each client's
@@ -248,3 +249,63 @@ class Algorithm:
     def __post_init__(self) -> None:
         self.config(**self.reference.options)  # a reference option the config rejects fails at import
         Algorithm.registry[self.name] = self
+
+
+# --- local training: what an algorithm adds to ctx.train's steps ---------------------------------
+
+# loss(model, x, y, logits) -> tensor added to the cross-entropy (FedProx, Ditto, ...)
+ExtraLoss = Callable[["nn.Module", torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+# loss(model, x, y, logits, features) -> extra loss that also needs the body's output
+# (MOON, FedProto, FedPAC): the loop runs body and head apart, so no second forward is needed
+FeatureLoss = Callable[["nn.Module", torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class StepHook:
+    """What an algorithm adds to the steps of local training (``ctx.train(hook=...)``).
+
+    Override what you need; each method does nothing by default. Per pass over the data
+    ``before_epoch(e)`` (e = 0, 1, ...: BAVD's per-epoch map), per batch ``loss(...)`` (a term added
+    to the cross-entropy, or None) and, after the optimizer step, ``after_step(loss)`` with the
+    batch's cross-entropy, a detached 0-dim tensor on the model's device (``float(loss)`` waits for
+    the device). With ``features = True`` the loop runs the body and the head apart and hands
+    ``loss`` the body's output (the model must be a :class:`~fedtail.models.SplitModel`); else
+    ``features`` is None.
+    """
+
+    features: bool = False
+
+    def before_epoch(self, epoch: int) -> None:
+        """Before the first batch of pass ``epoch`` over the data."""
+
+    def loss(
+        self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, logits: torch.Tensor, features: torch.Tensor | None
+    ) -> torch.Tensor | None:
+        """The term added to the batch's cross-entropy (None: nothing)."""
+        return None
+
+    def after_step(self, loss: torch.Tensor) -> None:
+        """After the optimizer step, with the batch's cross-entropy."""
+
+
+class Term(StepHook):
+    """The hook that adds ``fn(model, x, y, logits)`` to every step's loss (``fn`` None: nothing)."""
+
+    def __init__(self, fn: ExtraLoss | None) -> None:
+        self.fn = fn
+
+    def loss(self, model, x, y, logits, features):
+        return None if self.fn is None else self.fn(model, x, y, logits)
+
+
+class FeatureTerm(StepHook):
+    """The hook that adds ``fn(model, x, y, logits, features)`` (``fn`` None: nothing, one forward)."""
+
+    def __init__(self, fn: FeatureLoss | None) -> None:
+        self.fn = fn
+        self.features = fn is not None
+
+    def loss(self, model, x, y, logits, features):
+        return None if self.fn is None else self.fn(model, x, y, logits, features)
+
+
+NO_HOOK = StepHook()

@@ -79,6 +79,7 @@ from fedtail.algorithms.base import (
     ServerHalf,
     Tensors,
     shuffled,
+    Term,
 )
 from fedtail.algorithms.clustering import (
     centred_gram,
@@ -260,10 +261,10 @@ class CGPFLClient(PersonalClient):
         # ω_i, the local copy of the generalized model: its parameters only (buffers come from θ_i).
         local = {name: msg.tensors[name].detach().clone() for name, _ in personal.named_parameters()}
         # The proximal term holds ``local``'s tensors, so the in-place outer steps move its anchor.
-        prox = proximal_term(personal, local, opts.mu)
+        prox = Term(proximal_term(personal, local, opts.mu))
         eta = ctx.lr if opts.eta is None else opts.eta
         for batch in local_batches(ctx):
-            ctx.train("personal", index=batch, epochs=opts.inner_steps, lr=opts.personal_lr, extra_loss=prox)
+            ctx.train("personal", index=batch, epochs=opts.inner_steps, lr=opts.personal_lr, hook=prox)
             pull_towards(local, personal, eta * opts.mu)
         ctx.state["personal"] = ctx.weights("personal")
         return ctx.reply(ctx.weights("personal") | local)  # never θ_i's parameters
@@ -275,7 +276,6 @@ CGPFL = Algorithm(
     server=CGPFLServer,
     client=CGPFLClient,
     config=CGPFLConfig,
-    has_global_model=False,
     # CGPFL's code could not be found; pFedMe's, which it extends, restarts θ_i every round
     reference=Reference("pFedMe's code (CharlieDinh/pFedMe), CGPFL's base", options={"warm_start": False}),
 )

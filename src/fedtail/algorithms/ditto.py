@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import Field
 
 from fedtail.algorithms.base import Algorithm, AlgorithmConfig, Message, PersonalClient, Reference, Tensors
+from fedtail.algorithms.base import Term
 from fedtail.algorithms.fedavg import FedAvgServer
 from fedtail.algorithms.fedprox import proximal_term
 
@@ -74,7 +75,7 @@ class DittoClient(PersonalClient):
         ctx.train(
             "personal",
             epochs=opts.personal_epochs,
-            extra_loss=proximal_term(personal, msg.tensors, opts.lam),
+            hook=Term(proximal_term(personal, msg.tensors, opts.lam)),
         )
         ctx.state["personal"] = ctx.weights("personal")
         return ctx.reply(upload)

@@ -100,6 +100,7 @@ from fedtail.algorithms.base import (
     Reference,
     ServerHalf,
     Tensors,
+    Term,
 )
 from fedtail.algorithms.clustering import (
     BLOCK_VALUES,
@@ -508,7 +509,7 @@ class FedACClient(PersonalClient):
         phi = {k[len(GLOBAL) :]: v for k, v in msg.tensors.items() if k.startswith(GLOBAL)}
         first = ctx.init_weights if opts.first_start == "init" else anchor  # ω_i^0 (see first_start)
         model = ctx.load(ctx.state.get("personal", first))
-        ctx.train(extra_loss=regularizer(model, anchor, phi, opts.mu, opts.lam))
+        ctx.train(hook=Term(regularizer(model, anchor, phi, opts.mu, opts.lam)))
         ctx.state["personal"] = ctx.weights()
         return ctx.reply(ctx.state["personal"])
 
@@ -520,6 +521,5 @@ FEDAC = Algorithm(
     server=FedACServer,
     client=FedACClient,
     config=FedACConfig,
-    has_global_model=False,
     reference=Reference("FedAC's paper (φ: all but the last layer)", head="last"),
 )

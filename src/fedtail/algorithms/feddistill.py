@@ -63,6 +63,7 @@ import torch.nn.functional as F
 from pydantic import Field
 
 from fedtail.algorithms.base import PFLLIB, Algorithm, AlgorithmConfig, Comm, Message, Reference, Tensors
+from fedtail.algorithms.base import Term
 from fedtail.algorithms.local import LocalClient, LocalServer
 from fedtail.algorithms.prototypes import ClassMean, ClassStats, Weighting, class_statistics, class_target_loss
 
@@ -174,7 +175,7 @@ class FedDistillClient(LocalClient):
         if TEACHER in msg.tensors and bool(msg.tensors[PRESENT].any()):
             teacher = (msg.tensors[TEACHER], msg.tensors[PRESENT])
         record = ClassStats.zeros(ctx.num_classes, ctx.num_classes, ctx.device) if opts.logits == "training" else None
-        ctx.train(extra_loss=distill_loss(teacher, opts.lam, opts.regularizer, record))
+        ctx.train(hook=Term(distill_loss(teacher, opts.lam, opts.regularizer, record)))
         ctx.state["weights"] = ctx.weights()
         if record is None:
             record = class_statistics(model, ctx.dataset, ctx.data.train, ctx.num_classes, output="logits")
@@ -187,6 +188,5 @@ FEDDISTILL = Algorithm(
     server=FedDistillServer,
     client=FedDistillClient,
     config=FedDistillConfig,
-    has_global_model=False,
     reference=Reference(PFLLIB, options={"regularizer": "mse", "exclude_self": False, "aggregation": "uniform"}),
 )

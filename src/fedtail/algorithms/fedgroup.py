@@ -85,6 +85,7 @@ from pydantic import Field, field_validator
 
 from fedtail.algorithms.aggregate import WeightedMean
 from fedtail.algorithms.base import Algorithm, AlgorithmConfig, ClientHalf, Comm, Message, ServerHalf, Tensors
+from fedtail.algorithms.base import Term
 from fedtail.algorithms.clustering import (
     BLOCK_VALUES,
     EIG_RTOL,
@@ -349,7 +350,7 @@ class FedGroupClient(ClientHalf):
         opts: FedGroupConfig = ctx.options
         model = ctx.load(msg.tensors)
         # msg.tensors is θ_g itself: load() copied it into the model, so it stays fixed as the anchor.
-        ctx.train(extra_loss=proximal_term(model, msg.tensors, opts.mu) if opts.mu > 0 else None)
+        ctx.train(hook=Term(proximal_term(model, msg.tensors, opts.mu)) if opts.mu > 0 else None)
         return ctx.reply(ctx.weights())
 
 

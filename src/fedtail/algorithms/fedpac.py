@@ -79,6 +79,7 @@ from pydantic import Field
 
 from fedtail.algorithms.aggregate import WeightedMean, weighted_mean
 from fedtail.algorithms.base import PFLLIB, Algorithm, AlgorithmConfig, Comm, Message, Reference
+from fedtail.algorithms.base import FeatureTerm
 from fedtail.algorithms.fedproto import COUNTS, MEANS, global_prototypes, prototype_payload
 from fedtail.algorithms.fedrep import FedRepClient, BodyServer, train_only
 from fedtail.algorithms.prototypes import Alignment, ClassMean, ClassStats, Weighting, alignment_loss, class_statistics
@@ -219,7 +220,7 @@ class FedPACServer(BodyServer):
 
 def train_body(ctx: ClientContext, model: SplitModel, feature_loss: FeatureLoss | None) -> TrainStats:
     """The run's local epochs on the body with the head frozen, with the alignment loss."""
-    return train_only(ctx, model.body, model.head, None, feature_loss=feature_loss)
+    return train_only(ctx, model.body, model.head, None, hook=FeatureTerm(feature_loss))
 
 
 class FedPACClient(FedRepClient):
@@ -259,6 +260,5 @@ FEDPAC = Algorithm(
     server=FedPACServer,
     client=FedPACClient,
     config=FedPACConfig,
-    has_global_model=False,
     reference=Reference(PFLLIB, head="last", options={"aggregation": "uniform"}),
 )

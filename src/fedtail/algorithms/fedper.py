@@ -47,6 +47,5 @@ FEDPER = Algorithm(
     summary="FedPer (Arivazhagan et al. 2019): shared body averaged, local heads, trained jointly",
     server=BodyServer,
     client=FedPerClient,
-    has_global_model=False,
     reference=Reference(PFLLIB, head="last"),
 )

@@ -64,6 +64,7 @@ import torch
 from pydantic import Field
 
 from fedtail.algorithms.base import PFLLIB, Algorithm, AlgorithmConfig, Comm, Message, Reference, ServerHalf, Tensors
+from fedtail.algorithms.base import FeatureTerm
 from fedtail.algorithms.local import LocalClient
 from fedtail.algorithms.prototypes import (
     Alignment,
@@ -168,7 +169,7 @@ class FedProtoClient(LocalClient):
         # λ = 0 or no prototypes yet: plain CE, the very same pass as local training.
         align = None if target is None or opts.lam == 0 else alignment_loss(*target, opts.lam, opts.alignment)
         record = ClassStats.zeros(ctx.num_classes, model.feature_dim, ctx.device) if opts.prototypes == "training" else None
-        ctx.train(feature_loss=recording(align, record))
+        ctx.train(hook=FeatureTerm(recording(align, record)))
         ctx.state["weights"] = ctx.weights()
         if record is None:
             record = class_statistics(model, ctx.dataset, ctx.data.train, ctx.num_classes)
@@ -189,6 +190,5 @@ FEDPROTO = Algorithm(
     server=FedProtoServer,
     client=FedProtoClient,
     config=FedProtoConfig,
-    has_global_model=False,
     reference=Reference(PFLLIB, head="last", options={"aggregation": "uniform", "prototypes": "training"}),
 )

@@ -29,6 +29,7 @@ import torch
 from pydantic import Field
 
 from fedtail.algorithms.base import PFLLIB, Algorithm, AlgorithmConfig, ClientHalf, Message, Reference
+from fedtail.algorithms.base import Term
 from fedtail.algorithms.fedavg import FedAvgServer
 
 if TYPE_CHECKING:
@@ -61,7 +62,7 @@ class FedProxClient(ClientHalf):
         opts: FedProxConfig = ctx.options
         model = ctx.load(msg.tensors)
         # msg.tensors is w^t itself: load() copied it into the model, so it stays fixed as the anchor.
-        ctx.train(extra_loss=proximal_term(model, msg.tensors, opts.mu))
+        ctx.train(hook=Term(proximal_term(model, msg.tensors, opts.mu)))
         return ctx.reply(ctx.weights())
 
 

@@ -119,6 +119,7 @@ from torch.func import functional_call
 
 from fedtail.algorithms.aggregate import WeightedMean, weighted_mean
 from fedtail.algorithms.base import Algorithm, AlgorithmConfig, Comm, Message, Reference, ServerHalf, Tensors
+from fedtail.algorithms.base import FeatureTerm
 from fedtail.algorithms.clustering import cosine_matrix
 from fedtail.algorithms.fedavg import FedAvgClient
 from fedtail.algorithms.fedproto import COUNTS, MEANS, PRESENT, global_prototypes, prototype_payload
@@ -359,9 +360,9 @@ class FedReMaClient(FedAvgClient):
         feature_loss = None if target is None or opts.align_lam == 0 else alignment_loss(*target, opts.align_lam, "mse")
         if opts.client_training == "alternate-align":
             train_only(ctx, model.head, model.body, opts.align_head_epochs)
-            train_only(ctx, model.body, model.head, None, feature_loss=feature_loss)
+            train_only(ctx, model.body, model.head, None, hook=FeatureTerm(feature_loss))
         else:
-            ctx.train(feature_loss=feature_loss)
+            ctx.train(hook=FeatureTerm(feature_loss))
         local = class_statistics(model, ctx.dataset, ctx.data.train, ctx.num_classes)
         return ctx.reply(ctx.weights() | {MEANS: local.means, COUNTS: local.counts})
 

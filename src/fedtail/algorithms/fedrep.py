@@ -151,7 +151,6 @@ FEDREP = Algorithm(
     server=FedRepServer,
     client=FedRepClient,
     config=FedRepConfig,
-    has_global_model=False,
     reference=Reference(
         "the authors' code", head="last", momentum=0.5, weight_decay=1e-4, options={"final_finetune": True}
     ),

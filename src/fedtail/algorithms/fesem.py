@@ -244,7 +244,6 @@ FESEM = Algorithm(
     # The client trains the centre it receives (or, for a cold start by loss, the best of the K).
     client=IFCAClient,
     config=FeSEMConfig,
-    has_global_model=False,
     reference=Reference(
         "the authors' code (multi-center-fed-learning)",
         options={"init": "common", "cold_start": "random", "m_step": "round"},

@@ -159,6 +159,7 @@ from fedtail.algorithms.base import (
     ServerHalf,
     Tensors,
     class_counts,
+    FeatureTerm,
 )
 from fedtail.algorithms.fedproto import MEANS, PRESENT, global_prototypes, prototype_payload
 from fedtail.algorithms.fedrep import train_only
@@ -338,7 +339,7 @@ def gldp_loss(
     glpr: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None,
     lpr: tuple[SplitModel, torch.Tensor] | None,
 ) -> FeatureLoss:
-    """λ·L_LPR + (1−λ)·L_GLPR as ``ctx.train(feature_loss=...)``.
+    """λ·L_LPR + (1−λ)·L_GLPR, for ``ctx.train(hook=FeatureTerm(...))``.
 
     ``glpr``: (global prototypes, their mask, class weights); ``lpr``: (the model holding the
     previous stage's shared layers, the old local prototypes of the classes that have one).
@@ -452,7 +453,7 @@ class GLDPClient(ClientHalf):
             state["old_protos"], state["old_present"] = state["protos"].clone(), state["present"].clone()
         model = self._load(msg, ctx)
         train_only(ctx, model.classifier, shared_part(model), opts.head_epochs)
-        train_only(ctx, shared_part(model), model.classifier, opts.body_epochs, feature_loss=self._loss(msg, ctx))
+        train_only(ctx, shared_part(model), model.classifier, opts.body_epochs, hook=FeatureTerm(self._loss(msg, ctx)))
 
         state["classifier"] = ctx.weights(keys=model.classifier_keys())
         shared = ctx.weights(keys=shared_keys(model))

@@ -174,6 +174,5 @@ IFCA = Algorithm(
     server=IFCAServer,
     client=IFCAClient,
     config=IFCAConfig,
-    has_global_model=False,
     reference=Reference("the authors' code (jichan3751/ifca)", options={"weighting": "uniform"}),
 )

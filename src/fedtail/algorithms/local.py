@@ -52,6 +52,5 @@ LOCAL = Algorithm(
     summary="Local training only: each client's own model, no communication (lower reference)",
     server=LocalServer,
     client=LocalClient,
-    has_global_model=False,
     reference=Reference(PFLLIB),
 )

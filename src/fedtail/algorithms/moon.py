@@ -50,6 +50,7 @@ import torch.nn.functional as F
 from pydantic import Field
 
 from fedtail.algorithms.base import PFLLIB, Algorithm, AlgorithmConfig, ClientHalf, Message, Reference
+from fedtail.algorithms.base import FeatureTerm
 from fedtail.algorithms.fedavg import FedAvgServer
 
 if TYPE_CHECKING:
@@ -93,7 +94,7 @@ class MOONClient(ClientHalf):
         ctx.load(msg.tensors)
         global_model = ctx.load(msg.tensors, role="global")
         previous = ctx.load(ctx.state.get("previous", msg.tensors), role="previous")
-        ctx.train(feature_loss=contrastive_term(global_model, previous, opts.mu, opts.tau))
+        ctx.train(hook=FeatureTerm(contrastive_term(global_model, previous, opts.mu, opts.tau)))
         weights = ctx.weights()
         ctx.state["previous"] = weights
         return ctx.reply(weights)

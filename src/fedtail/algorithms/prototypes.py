@@ -159,7 +159,7 @@ def class_target_loss(
 
 
 def alignment_loss(targets: torch.Tensor, present: torch.Tensor, coef: float, alignment: Alignment) -> FeatureLoss:
-    """``coef`` · :func:`class_target_loss` of the body features, for ``ctx.train(feature_loss=...)``."""
+    """``coef`` · :func:`class_target_loss` of the body features, for ``ctx.train(hook=FeatureTerm(...))``."""
 
     def term(
         model: nn.Module, x: torch.Tensor, y: torch.Tensor, logits: torch.Tensor, features: torch.Tensor

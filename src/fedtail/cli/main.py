@@ -66,6 +66,7 @@ def _force_progress() -> bool:
 
 def execute_run(config, out: Path, resume: bool | None = False) -> dict[str, Any]:
     """:func:`fedtail.runner.run_to_folder` with a progress bar of the rounds on stderr."""
+    from fedtail.engine.callbacks import OnRound
     from fedtail.runner import run_to_folder
 
     progress = _progress()
@@ -85,7 +86,7 @@ def execute_run(config, out: Path, resume: bool | None = False) -> dict[str, Any
         progress.update(task, completed=rnd, **fields)
 
     try:
-        return run_to_folder(config, out, on_round, resume=resume)
+        return run_to_folder(config, out, [OnRound(on_round)], resume=resume)
     finally:
         progress.stop()
 

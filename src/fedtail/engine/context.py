@@ -26,11 +26,8 @@ from fedtail.engine.device import to_device
 from fedtail.data.base import Dataset, Split
 from fedtail.engine.training import (
     EvalCounts,
-    ExtraLoss,
-    FeatureLoss,
-    OnEpoch,
-    OnStep,
     Predict,
+    StepHook,
     TrainStats,
     evaluate,
     train_epochs,
@@ -242,11 +239,8 @@ class ClientContext:
         epochs: int | None = None,
         lr: float | None = None,
         params: list[nn.Parameter] | None = None,
-        extra_loss: ExtraLoss | None = None,
         index: torch.Tensor | None = None,
-        on_step: OnStep | None = None,
-        feature_loss: FeatureLoss | None = None,
-        on_epoch: OnEpoch | None = None,
+        hook: StepHook | None = None,
         **hyper: float,
     ) -> TrainStats:
         """Local SGD on this client's training data; the stats also accumulate in ``ctx.stats``.
@@ -254,13 +248,18 @@ class ClientContext:
         ``epochs=None`` means the run's setting: ``--local-steps`` batches if set, else
         ``--local-epochs`` epochs.
 
-        ``feature_loss(model, x, y, logits, features)`` is ``extra_loss`` plus the body's output
-        of the batch (the model must be a :class:`SplitModel`).
-
-        ``on_step(loss)`` runs after every step, ``on_epoch(e)`` before every pass over the data.
+        ``hook`` (:class:`~fedtail.engine.training.StepHook`) is what the algorithm adds to each
+        step: a loss term (``Term(fn)``, or ``FeatureTerm(fn)`` when it needs the body's output),
+        work after each step, before each pass over the data.
 
         ``hyper`` overrides the optimizer settings (momentum, weight_decay) for this call.
         """
+        old = sorted(set(hyper) & {"extra_loss", "feature_loss", "on_step", "on_epoch"})
+        if old:
+            raise TypeError(
+                f"ctx.train({', '.join(old)}=...): these are one hook now, ctx.train(hook=...): Term(fn) for "
+                "extra_loss, FeatureTerm(fn) for feature_loss, a StepHook subclass for on_step / on_epoch"
+            )
         model = self.model(role)
         params = list(model.parameters()) if params is None else params
         optimizer = self.optimizer(params, lr, role=role, **hyper)
@@ -275,12 +274,9 @@ class ClientContext:
             steps=cfg.local_steps if epochs is None else None,
             batch_size=cfg.batch_size,
             generator=self.generator,
-            extra_loss=extra_loss,
             grad_clip=cfg.grad_clip,
             params=params,
-            on_step=on_step,
-            feature_loss=feature_loss,
-            on_epoch=on_epoch,
+            hook=hook,
         )
         self.stats += stats
         return stats

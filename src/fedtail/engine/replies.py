@@ -227,7 +227,8 @@ class Channel:
 
     A transport subclasses it and implements :meth:`_deliver` (send messages, yield answers in
     client-id order; a client it yields no answer for is *missing*: its reply is lost, as a
-    dropped client's), :meth:`_accept` (commit what an accepted answer leaves behind) and, for the
+    dropped client's), :meth:`_accept` (commit what an accepted answer leaves behind), :meth:`_reject`
+    (forget what a rejected one set aside) and, for the
     edge tier, :meth:`_edge_reduce`. Dropouts, validation, the minimum number of replies, the
     round's training loss and the byte counts are handled here, once.
     """
@@ -255,6 +256,9 @@ class Channel:
 
     def _accept(self, answer: Delivered) -> None:
         """An accepted answer: keep the client's new state (where the engine holds it)."""
+
+    def _reject(self, answer: Delivered) -> None:
+        """A rejected answer: forget the state it left aside, if any (``parked``)."""
 
     def _edge_reduce(self, edge_id: int, replies: dict[int, Message]) -> dict[int, Message]:
         raise NotImplementedError
@@ -328,6 +332,7 @@ class Channel:
             return True
         why = f"client {answer.cid}: {verdict.reason}"
         self.round.rejected.append(why)
+        self._reject(answer)
         if verdict.nonfinite and self.faults.on_nonfinite == "stop":
             raise RunDiverged(self.rnd, why)
         return False

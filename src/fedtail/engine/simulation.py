@@ -33,7 +33,7 @@ import dataclasses
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, MutableMapping
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -43,12 +43,13 @@ from fedtail.algorithms.base import EdgeHalf, Message, ServerHalf
 from fedtail.config import RunConfig
 from fedtail.data.base import Dataset
 from fedtail.engine import checkpoint
+from fedtail.engine.callbacks import Callback
 from fedtail.engine.context import ServerContext, Workspace, derive_seed, initial_weights, load_weights
 from fedtail.engine.context import BY_STAGE, NAMED
 from fedtail.engine.device import configure, resolve, to_host
 from fedtail.engine.executors import ClientRuntime, SerialExecutor, Task, Views, make_executor
 from fedtail.engine.replies import Channel, Delivered, ReplyCheck, RoundSkipped, nonfinite_at
-from fedtail.engine.states import make_states
+from fedtail.engine.states import ClientStates, make_states
 from fedtail.engine.training import evaluate
 from fedtail.errors import ConfigError, RunDiverged
 from fedtail.metrics import Meter, RunRecord, global_metrics, personalized_metrics, stage_metrics
@@ -108,20 +109,23 @@ class SimComm(Channel):
             yield Delivered(result.cid, result.reply, result.seconds, result.state, result.state_nonfinite)
 
     def _hold(self, answer: Delivered) -> Delivered:
-        store = self.sim.client_state
-        if answer.state is None or not hasattr(store, "park"):
+        if answer.state is None:  # the state stays where the client ran (a Flower node)
             return answer
-        # a disk store keeps the state as pending until the answer is accepted: memory holds the replies only
+        # the store keeps the state as pending until the answer is accepted (a disk store on disk: memory holds the replies only)
         where = nonfinite_at(answer.state)
-        store.park(answer.cid, answer.state)
+        self.sim.client_state.hold(answer.cid, answer.state)
         return dataclasses.replace(answer, state=None, state_nonfinite=where, parked=True)
 
     def _accept(self, answer: Delivered) -> None:
         if answer.parked:
-            self.sim.client_state.unpark(answer.cid)
+            self.sim.client_state.accept(answer.cid)
         elif answer.state is not None:  # None: the state stays where the client ran (a Flower node)
             self.sim.client_state[answer.cid] = answer.state
         self.sim.executor.commit(answer.cid)
+
+    def _reject(self, answer: Delivered) -> None:
+        if answer.parked:
+            self.sim.client_state.drop(answer.cid)
 
     def _edge_reduce(self, edge_id: int, replies: dict[int, Message]) -> dict[int, Message]:
         return self.sim.edge.reduce(edge_id, replies)
@@ -134,13 +138,11 @@ class Simulation:
     config: RunConfig
     dataset: Dataset
     partition: Partition
-    on_eval: Callable[[dict[str, Any]], None] | None = None
-    on_round: Callable[[int, dict[str, Any] | None], None] | None = None
+    # told of the run's start, evaluations, rounds and end, in list order (engine/callbacks.py)
+    callbacks: Sequence[Callback] = ()
     meter: Meter = field(default_factory=Meter)
     # client id -> the client's ctx.state; None: the store --client-state names (engine/states.py)
-    client_state: MutableMapping[int, dict[str, Any]] | None = None
-    # called with checkpoint_state() after every checkpoint_every-th round (not after the last)
-    on_checkpoint: Callable[[dict[str, Any]], None] | None = None
+    client_state: ClientStates | None = None
     # builds the executor from the simulation (a Flower deployment's); None: serial or a process pool
     executor_factory: Callable[["Simulation"], Any] | None = None
     # the run folder, where --client-state disk keeps its files (None: a temporary folder)
@@ -188,25 +190,29 @@ class Simulation:
         """The remaining rounds (all, or those after a restored checkpoint); returns the summary."""
         config = self.config
         start = time.perf_counter() - self.elapsed_before
-        every = config.checkpoint_every
         self.started = start
         try:
+            for cb in self.callbacks:
+                cb.on_run_start(self, self.rounds_done)
             for rnd in range(self.rounds_done + 1, config.rounds + 1):
                 self.run_round(rnd)
                 row = None
                 if config.evaluates(rnd):
                     row = self.evaluate(rnd, time.perf_counter() - start)
                 self.rounds_done = rnd
-                if self.on_checkpoint and every and rnd % every == 0 and rnd < config.rounds:
-                    self.on_checkpoint(self.checkpoint_state(time.perf_counter() - start))
-                if self.on_round:
-                    self.on_round(rnd, row)
+                for cb in self.callbacks:
+                    cb.on_round_end(self, rnd, row)
         finally:
             self.executor.close()
-            close = getattr(self.client_state, "close", None)
-            if close is not None:  # a disk store's folder goes with the run
-                close()
-        return self.record.summary(self.meter, time.perf_counter() - start, config.rounds)
+            self.client_state.close()  # a disk store's folder goes with the run
+        summary = self.record.summary(self.meter, time.perf_counter() - start, config.rounds)
+        for cb in self.callbacks:
+            cb.on_run_end(self, summary)
+        return summary
+
+    def elapsed(self) -> float:
+        """Wall seconds of the run so far (those before a restored checkpoint included)."""
+        return time.perf_counter() - self.started
 
     def lazily(self, tasks: Iterator[Task]) -> Iterator[Task] | list[Task]:
         """``tasks`` as the executor takes them: built one at a time for the engine's in-process
@@ -342,8 +348,8 @@ class Simulation:
         row["rounds_log"] = self.round_logs
         self.round_logs = []
         self.record.add(row)
-        if self.on_eval:
-            self.on_eval(row)
+        for cb in self.callbacks:
+            cb.on_evaluation(self, row)
         return row
 
     def _gather(self, results, rnd: int) -> tuple[StageCounts, dict[str, StageCounts], StageCounts | None, set[int]]:

@@ -16,20 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedtail.algorithms.base import class_counts, shuffled
+from fedtail.algorithms.base import NO_HOOK, ExtraLoss, FeatureLoss, StepHook, class_counts, shuffled  # noqa: F401
 from fedtail.data.base import Dataset, Split
 
-# extra_loss(model, x, y, logits) -> tensor added to the cross-entropy (FedProx, Ditto, ...)
-ExtraLoss = Callable[[nn.Module, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-# feature_loss(model, x, y, logits, features) -> extra loss that also needs the body's output
-# (MOON, FedProto, FedPAC): the loop runs body and head apart, so no second forward is needed
-FeatureLoss = Callable[[nn.Module, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-# on_step(loss) is called after every optimizer step with the batch's cross-entropy, a detached
-# 0-dim tensor on the model's device (MuPFL's BAVD; float(loss) waits for the device)
-OnStep = Callable[[torch.Tensor], None]
-# on_epoch(e) is called before the first batch of every pass over the data, e = 0, 1, ... (BAVD's
-# per-epoch map)
-OnEpoch = Callable[[int], None]
 
 
 @dataclass
@@ -77,40 +66,39 @@ def train_epochs(
     epochs: int,
     batch_size: int,
     generator: torch.Generator,
-    extra_loss: ExtraLoss | None = None,
     grad_clip: float | None = None,
     params: list[nn.Parameter] | None = None,
-    on_step: OnStep | None = None,
     steps: int | None = None,
-    feature_loss: FeatureLoss | None = None,
-    on_epoch: OnEpoch | None = None,
+    hook: StepHook | None = None,
 ) -> TrainStats:
     """SGD epochs over ``dataset.train[index]``; the loss is taken from the training pass itself.
 
     With ``steps``, exactly that many batches instead of ``epochs`` (reshuffled at every pass
-    over the data), as FedAC's "local iterations" are single batches.
+    over the data), as FedAC's "local iterations" are single batches. ``hook``: what the
+    algorithm adds to each step (:class:`StepHook`).
     """
     stats = TrainStats()
     if len(index) == 0:
         return stats
+    hook = NO_HOOK if hook is None else hook
+    split_forward = hook.features
     model.train()
     clip_params = params if params is not None else [p for g in optimizer.param_groups for p in g["params"]]
     split = dataset.train
     # Summed on the device in float64: the same sum, bit for bit, as adding float(loss) * n on the host.
     loss_sum = torch.zeros((), dtype=torch.float64, device=index.device)
     for epoch, batch in _schedule(index, batch_size, generator, epochs, steps):
-        if on_epoch is not None and epoch is not None:
-            on_epoch(epoch)
+        if epoch is not None:
+            hook.before_epoch(epoch)
         x, y = dataset.batch(split, batch)
-        if feature_loss is None:
-            logits = model(x)
-        else:
+        if split_forward:
             features = model.features(x)
             logits = model.head(features)
+        else:
+            features, logits = None, model(x)
         loss = F.cross_entropy(logits, y)
-        total = loss if extra_loss is None else loss + extra_loss(model, x, y, logits)
-        if feature_loss is not None:
-            total = total + feature_loss(model, x, y, logits, features)
+        extra = hook.loss(model, x, y, logits, features)
+        total = loss if extra is None else loss + extra
         optimizer.zero_grad(set_to_none=True)
         total.backward()
         if grad_clip is not None:
@@ -118,8 +106,7 @@ def train_epochs(
         optimizer.step()
         n = len(batch)
         value = loss.detach()
-        if on_step is not None:
-            on_step(value)
+        hook.after_step(value)
         loss_sum += value.double() * n
         stats.samples += n
         stats.steps += 1

@@ -38,7 +38,7 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -47,6 +47,7 @@ from fedtail.engine import checkpoint
 from fedtail.engine.device import resolve
 from fedtail.engine.executors import ClientRuntime, Task
 from fedtail.engine.replies import nonfinite_at
+from fedtail.engine.states import ClientStates, Tag
 from fedtail.flower import FlowerError
 from fedtail.flower.codec import get_message, put_message
 
@@ -112,8 +113,11 @@ class NodeSettings:
         return [c for c in range(num_clients) if c % self.num_partitions == self.partition_id]
 
 
-class StateStore:
-    """The clients' states of one run on this node's disk (module docstring: committed and pending)."""
+class StateStore(ClientStates):
+    """The clients' states of one run on this node's disk (module docstring: committed and pending),
+    a :class:`~fedtail.engine.states.ClientStates`: each write is fsynced, and a pending state
+    carries the (round, call) tag the server confirms it by, so a node restarted between the
+    reply and the confirmation still accepts the right state."""
 
     def __init__(self, root: Path, run_id: int) -> None:
         self.dir = Path(root) / f"run-{run_id}"
@@ -127,34 +131,63 @@ class StateStore:
         except FileNotFoundError:
             return None
 
-    def _write(self, path: Path, tag: tuple[int, int], state: dict[str, Any]) -> None:
+    def _write(self, path: Path, tag: Tag | None, state: dict[str, Any]) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")
         with open(tmp, "wb") as fh:
-            torch.save({"tag": list(tag), "state": checkpoint.encode(state, "client state")}, fh)
+            torch.save({"tag": list(tag or ()), "state": checkpoint.encode(state, "client state")}, fh)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)  # a node killed while writing leaves the previous file
 
+    # -- the mapping of accepted states ------------------------------------------------------------
+    def __getitem__(self, cid: int) -> dict[str, Any]:
+        saved = self._read(self._path(int(cid)))
+        if saved is None:
+            raise KeyError(cid)
+        return checkpoint.decode(saved["state"])
+
+    def __setitem__(self, cid: int, state: dict[str, Any]) -> None:
+        self._write(self._path(int(cid)), None, state)
+
+    def __delitem__(self, cid: int) -> None:
+        path = self._path(int(cid))
+        if not path.is_file():
+            raise KeyError(cid)
+        path.unlink()
+
+    def __contains__(self, cid: object) -> bool:
+        try:
+            return self._path(int(cid)).is_file()  # type: ignore[call-overload]
+        except (TypeError, ValueError):
+            return False
+
+    def __iter__(self) -> Iterator[int]:
+        names = (p.name for p in self.dir.glob("client-*.pt")) if self.dir.is_dir() else ()
+        return iter(sorted(int(n[len("client-") : -len(".pt")]) for n in names if not n.endswith(".pending.pt")))
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
     def load(self, cid: int) -> dict[str, Any]:
         """The client's accepted state ({} before its first accepted reply)."""
-        saved = self._read(self._path(cid))
-        return {} if saved is None else checkpoint.decode(saved["state"])
+        return self.get(cid, {})
 
-    def put_pending(self, cid: int, tag: tuple[int, int], state: dict[str, Any]) -> None:
+    # -- pending states ----------------------------------------------------------------------------
+    def hold(self, cid: int, state: dict[str, Any], tag: Tag | None = None) -> None:
         self._write(self._path(cid, pending=True), tag, state)
 
-    def confirm(self, cid: int, tag: tuple[int, int]) -> bool:
+    def accept(self, cid: int, tag: Tag | None = None) -> bool:
         """Make the pending state of ``tag`` the client's state; True when it is (now or already)."""
         pending = self._path(cid, pending=True)
         saved = self._read(pending)
-        if saved is not None and tuple(saved["tag"]) == tuple(tag):
+        if saved is not None and (tag is None or tuple(saved["tag"]) == tuple(tag)):
             os.replace(pending, self._path(cid))
             return True
         current = self._read(self._path(cid))
-        return current is not None and tuple(current["tag"]) == tuple(tag)
+        return current is not None and tag is not None and tuple(current["tag"]) == tuple(tag)
 
-    def drop_pending(self, cid: int) -> None:
+    def drop(self, cid: int) -> None:
         """Forget a pending state the server did not confirm (its reply was rejected or lost)."""
         self._path(cid, pending=True).unlink(missing_ok=True)
 
@@ -231,7 +264,7 @@ def run_tasks(content: Any, run_id: int, run_config: Any, node_config: Any) -> A
     confirm = content.config_records["confirm"]
     confirmed = []
     for cid, rnd, call in zip(confirm["cids"], confirm["rnds"], confirm["calls"]):
-        if store.confirm(int(cid), (int(rnd), int(call))):
+        if store.accept(int(cid), (int(rnd), int(call))):
             confirmed.append(int(cid))
     tasks = content.config_records["tasks"]
     reply = RecordDict()
@@ -241,12 +274,12 @@ def run_tasks(content: Any, run_id: int, run_config: Any, node_config: Any) -> A
         if cid not in node.hosted:
             raise FlowerError(f"this node does not host client {cid} (it hosts {node.hosted})")
         if not read_only:
-            store.drop_pending(cid)  # an unconfirmed state of an earlier call: its reply was not accepted
+            store.drop(cid)  # an unconfirmed state of an earlier call: its reply was not accepted
         result = node.runtime.run(Task(cid, rnd, call, get_message(content, cid), store.load(cid), read_only=bool(read_only)))
         where = None
         if not read_only:
             where = nonfinite_at(result.state)
-            store.put_pending(cid, (rnd, call), result.state)
+            store.hold(cid, result.state, (rnd, call))
         seconds.append(result.seconds)  # the client's compute, as the simulator counts it
         nonfinite.append(where or "")
         put_message(reply, cid, result.reply)

@@ -29,6 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     from fedtail.errors import FedtailError, RunDiverged
     from fedtail.machine import describe, machine_info
     from fedtail.provenance import code_info, describe_code
+    from fedtail.engine.callbacks import OnRound
     from fedtail.runner import run_to_folder
 
     # each piece of a resumed run names its own code and machine
@@ -38,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # the planned config is complete: read it literally, no reference settings filled in
         config = build_config(json.loads(sys.stdin.read()), reference=False)
-        summary = run_to_folder(config, Path(args[0]), on_round=_progress(config.rounds), resume=None)
+        summary = run_to_folder(config, Path(args[0]), [OnRound(_progress(config.rounds))], resume=None)
     except FedtailError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -405,7 +405,7 @@ class MuPFLClient(PersonalClient):
             if opts.bavd_map == "round":
                 maps.reset()  # CLIENTUPDATE starts from M_i0
             with maps.attached(model):
-                ctx.train(on_step=maps.on_step, on_epoch=maps.reset if opts.bavd_map == "epoch" else None)
+                ctx.train(hook=maps.hook(per_epoch=opts.bavd_map == "epoch"))
             ctx.state["bavd"] = maps.state()
         else:
             ctx.train()

@@ -66,6 +66,8 @@ from typing import Iterator, Literal
 import torch
 from torch import nn
 
+from fedtail.algorithms.base import StepHook
+
 ACTIVATIONS = (nn.ReLU, nn.LeakyReLU, nn.GELU, nn.SiLU, nn.ReLU6)
 
 Mask = Literal["map", "value"]
@@ -159,9 +161,14 @@ class ActivationMaps:
             self.last_loss = state["last_loss"]
         return self
 
+    def hook(self, per_epoch: bool = False) -> StepHook:
+        """The maps as ``ctx.train(hook=...)``: each step folded in (:meth:`on_step`); with
+        ``per_epoch``, started again before every pass over the data (:meth:`reset`)."""
+        return _MapSteps(self, per_epoch)
+
     def reset(self, epoch: int | None = None) -> None:
         """Start the maps again (λ = 0 of Eq. 6): at a local epoch (``source = "epoch"``, as
-        ``on_epoch``) or a round (``"round"``)."""
+        before each pass) or a round (``"round"``)."""
         self.maps = [None] * len(self.layers)
         self.last_loss = None
 
@@ -233,3 +240,18 @@ class ActivationMaps:
             for h in handles:
                 h.remove()
             self._batch_means = [None] * len(self.layers)
+
+
+class _MapSteps(StepHook):
+    """:meth:`ActivationMaps.hook`: the maps updated after every step of local training."""
+
+    def __init__(self, maps: ActivationMaps, per_epoch: bool) -> None:
+        self.maps = maps
+        self.per_epoch = per_epoch
+
+    def before_epoch(self, epoch: int) -> None:
+        if self.per_epoch:
+            self.maps.reset(epoch)
+
+    def after_step(self, loss: torch.Tensor) -> None:
+        self.maps.on_step(loss)
