@@ -29,7 +29,7 @@ class Server(ServerHalf):
     def run_round(self, rnd, clients, comm) -> None:
         mean = WeightedMean()
         for _, reply in comm.stream({cid: Message("fit", self.weights) for cid in clients}):
-            mean.add(reply.tensors, reply.metrics["num_examples"])
+            mean.add(reply.tensors, reply.num_examples)
         self.weights = mean.result()
 
     def global_weights(self):

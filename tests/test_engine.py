@@ -310,3 +310,16 @@ def test_on_epoch_is_called_before_every_pass_over_the_data():
     assert passes == [0, 1, 2]  # 3 epochs of 3 batches each
     steps = [e for e, _ in _schedule(index, 4, torch.Generator().manual_seed(0), 1, 7) if e is not None]
     assert steps == [0, 1, 2]  # 7 steps: 3 + 3 + 1 batches, a new pass at each reshuffle
+
+
+def test_the_wire_names_what_the_engine_reads_in_a_reply():
+    from fedtail import wire
+
+    c, t = torch.tensor([1, 2]), torch.tensor([3, 4])
+    tensors = wire.eval_tensors(c, t, {"gp": c + 1}, (c[None], t[None]), {"gp": c[None] + 1})
+    assert list(tensors) == ["correct", "total", "correct:gp", "stage_correct", "stage_total", "stage_correct:gp"]
+    assert wire.named_accuracies(tensors) == ["gp"]
+    assert torch.equal(tensors[wire.stage_key(wire.correct_key("gp"))], c[None] + 1)
+    assert Message("reply", metrics={wire.NUM_EXAMPLES: 7.0}).num_examples == 7.0
+    with pytest.raises(KeyError, match="without 'num_examples'.*ctx.reply"):
+        Message("fit").num_examples

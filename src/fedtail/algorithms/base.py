@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator, Literal, Ma
 import torch
 from pydantic import BaseModel, ConfigDict
 
+from fedtail.wire import NUM_EXAMPLES
+
 if TYPE_CHECKING:  # pragma: no cover - imports for type checkers only
     from torch import nn
 
@@ -38,6 +40,15 @@ class Message:
     tensors: Tensors = field(default_factory=dict)
     config: dict[str, Scalar] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def num_examples(self) -> float:
+        """A reply's training samples (``metrics[fedtail.wire.NUM_EXAMPLES]``, set by ``ctx.reply``):
+        the weight of a sample-weighted mean."""
+        try:
+            return self.metrics[NUM_EXAMPLES]
+        except KeyError:
+            raise KeyError(f"a {self.kind!r} message without {NUM_EXAMPLES!r} (replies made by ctx.reply carry it)") from None
 
     @property
     def nbytes(self) -> int:

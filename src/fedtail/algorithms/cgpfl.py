@@ -193,7 +193,7 @@ class CGPFLServer(ServerHalf):
             mean = WeightedMean()
             for cid, lab in zip(order, labels):
                 if lab == label:
-                    weight = replies[cid].metrics["num_examples"] if opts.weighting == "samples" else 1.0
+                    weight = replies[cid].num_examples if opts.weighting == "samples" else 1.0
                     mean.add(replies[cid].tensors, weight)
             self.centers[label] = server_step(self.centers[label], mean.result(), opts.beta)
         self.assignment.update({cid: int(lab) for cid, lab in zip(order, labels)})

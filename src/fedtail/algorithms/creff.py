@@ -151,7 +151,7 @@ class CReFFServer(ServerHalf):
         models, grads = WeightedMean(), ClassGradientMean()
         for _, reply in comm.stream({cid: Message("fit", out) for cid in clients}):
             weights = {k: v for k, v in reply.tensors.items() if not k.startswith(GRADS)}
-            models.add(weights, reply.metrics["num_examples"])
+            models.add(weights, reply.num_examples)
             grads.add(*unpack_class_gradients(reply.tensors, C, prefix=GRADS))
         self.weights = models.result()
         real, present = grads.result()

@@ -393,7 +393,7 @@ class FedACServer(ServerHalf):
         messages = {cid: Message("fit", self._anchor(cid) | phi) for cid in clients}
         phi_mean = WeightedMean()
         for cid, reply in comm.stream(messages):
-            weight = reply.metrics["num_examples"] if opts.weighted else 1.0
+            weight = reply.num_examples if opts.weighted else 1.0
             phi_mean.add({k: reply.tensors[k] for k in self.body_keys}, weight)
             self._store(cid, flatten(reply.tensors, self.keys))
         self.phi = phi_mean.result()

@@ -35,7 +35,7 @@ class FedAvgServer(ServerHalf):
     def run_round(self, rnd: int, clients: list[int], comm: Comm) -> None:
         mean = WeightedMean()
         for _, reply in comm.stream({cid: Message("fit", self.weights) for cid in clients}):
-            mean.add(reply.tensors, reply.metrics["num_examples"])
+            mean.add(reply.tensors, reply.num_examples)
         self.weights = mean.result()
 
     def global_weights(self) -> Tensors:

@@ -326,7 +326,7 @@ class FedGroupServer(ServerHalf):
         if not messages:
             return
         for cid, reply in comm.stream(messages):
-            means.setdefault(self.group_of[cid], WeightedMean()).add(reply.tensors, reply.metrics["num_examples"])
+            means.setdefault(self.group_of[cid], WeightedMean()).add(reply.tensors, reply.num_examples)
         before = torch.stack([flatten(model, self.keys) for model in self.groups])
         for g, mean in means.items():
             self.groups[g] = mean.result()

@@ -351,7 +351,7 @@ class FEDICServer(ServerHalf):
         mean = WeightedMean()
         if opts.distill_steps == 0:  # nothing to distil: FedAvg's round, nothing else computed
             for _, reply in comm.stream(out):
-                mean.add(reply.tensors, reply.metrics["num_examples"])
+                mean.add(reply.tensors, reply.num_examples)
             self.weights = mean.result()
             return
 
@@ -387,7 +387,7 @@ class FEDICServer(ServerHalf):
         feature_sum: torch.Tensor | None = None
         for _, reply in comm.stream(out):
             weights = {k: v for k, v in reply.tensors.items() if k != COUNTS}
-            mean.add(weights, reply.metrics["num_examples"])
+            mean.add(weights, reply.num_examples)
             client_model.load_state_dict(weights)
             z, h = outputs(client_model, dataset, split, rows, features=calibrated)
             if opts.prior_tau > 0:

@@ -59,7 +59,7 @@ class FedNovaServer(ServerHalf):
         mean = WeightedMean()  # weights n_i: the mean is Σ p_i d_i (and Σ p_i · buffer_i)
         tau_sum = 0.0
         for _, reply in comm.stream({cid: Message("fit", self.weights) for cid in clients}):
-            n = reply.metrics["num_examples"]
+            n = reply.num_examples
             mean.add(reply.tensors, n)
             tau_sum += n * reply.metrics["a_norm"]
         if mean.total <= 0:  # no reply carried a training sample: nothing to average

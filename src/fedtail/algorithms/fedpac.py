@@ -200,7 +200,7 @@ class FedPACServer(BodyServer):
         heads, v, h = {}, {}, {}
         for cid, reply in comm.stream({cid: Message("fit", out) for cid in clients}):
             t = reply.tensors
-            bodies.add({k: t[k] for k in self.body}, reply.metrics["num_examples"])
+            bodies.add({k: t[k] for k in self.body}, reply.num_examples)
             protos.add(t[MEANS], t[COUNTS])
             heads[cid] = {k: value for k, value in t.items() if k.startswith("head.")}
             v[cid], h[cid] = t[VARIANCE], t[PRIOR_PROTOS]

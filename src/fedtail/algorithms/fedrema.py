@@ -252,7 +252,7 @@ class FedReMaServer(ServerHalf):
         uploaded: dict[int, Tensors] = {}
         sizes: dict[int, float] = {}
         for cid, reply in comm.stream(messages):
-            n = reply.metrics["num_examples"]
+            n = reply.num_examples
             head = {k: reply.tensors[k] for k in self.head_keys}
             bodies.add({k: reply.tensors[k] for k in self.body_keys}, n)
             heads.add(head, n)

@@ -85,7 +85,7 @@ class BodyServer(ServerHalf):
     def run_round(self, rnd: int, clients: list[int], comm: Comm) -> None:
         mean = WeightedMean()
         for _, reply in comm.stream({cid: Message("fit", self.body) for cid in clients}):
-            mean.add(reply.tensors, reply.metrics["num_examples"])
+            mean.add(reply.tensors, reply.num_examples)
         self.body = mean.result()
 
     def evaluation_message(self, cid: int) -> Message:

@@ -224,7 +224,7 @@ class FLHCServer(FedAvgServer):
                 update = flatten(reply.tensors, keys) - flatten(self.weights, keys)
                 self.labels[cid] = nearest(update, self.centroids, self.ctx.options.metric)
             else:
-                means.setdefault(self.labels[cid], WeightedMean()).add(reply.tensors, reply.metrics["num_examples"])
+                means.setdefault(self.labels[cid], WeightedMean()).add(reply.tensors, reply.num_examples)
         for c, mean in means.items():
             self.clusters[c] = mean.result()
 

@@ -390,7 +390,7 @@ class GLDPServer(ServerHalf):
         shared, protos, heads = WeightedMean(), ClassMean("uniform"), WeightedMean()
         for _, reply in comm.stream({cid: Message("fit", out) for cid in clients}):
             t = reply.tensors
-            weight = 1.0 if opts.shared_weighting == "uniform" else reply.metrics["num_examples"]
+            weight = 1.0 if opts.shared_weighting == "uniform" else reply.num_examples
             shared.add({k: t[k] for k in self.shared}, weight)
             protos.add(t[MEANS], t[PRESENT].long())
             if opts.global_model == "mean_classifier":

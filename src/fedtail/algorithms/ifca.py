@@ -139,7 +139,7 @@ class IFCAServer(ServerHalf):
         cids, choices, points = [], [], []
         for cid, reply in comm.stream({cid: message for cid in clients}):
             j = int(reply.metrics["choice"])
-            weight = reply.metrics["num_examples"] if self.ctx.options.weighting == "samples" else 1.0
+            weight = reply.num_examples if self.ctx.options.weighting == "samples" else 1.0
             means.setdefault(j, WeightedMean()).add(reply.tensors, weight)
             cids.append(cid)
             choices.append(j)

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from fedtail import wire
 from fedtail.algorithms.base import AlgorithmConfig, Message, Tensors
 from fedtail.config import RunConfig, TrainConfig
 from fedtail.engine.device import to_device
@@ -310,23 +311,16 @@ class ClientContext:
 
     def reply(self, tensors: Tensors | None = None, **metrics: float) -> Message:
         """A reply carrying ``tensors`` and this call's training totals (samples, loss, steps)."""
-        base = self.stats.as_metrics() | {"num_examples": float(self.data.num_train)}
+        base = self.stats.as_metrics() | {wire.NUM_EXAMPLES: float(self.data.num_train)}
         return Message(kind="reply", tensors=tensors or {}, metrics=base | metrics)
 
 
-NAMED = "correct:"  # reply tensor "correct:NAME": the counts of the named accuracy NAME
-BY_STAGE = "stage_"  # "stage_correct", "stage_total", "stage_correct:NAME": (seen stages, classes)
-
-
 def eval_message(counts: EvalCounts) -> Message:
-    """The evaluation reply: ``correct`` / ``total`` (classes,), ``correct:NAME`` per named
-    prediction, and with stage tasks the same per stage (``stage_correct``, ``stage_total``,
-    ``stage_correct:NAME``: (seen stages, classes))."""
-    tensors = {"correct": counts.correct, "total": counts.total}
-    tensors |= {NAMED + name: c for name, c in counts.named.items()}
-    if counts.by_stage_correct is not None and counts.by_stage_total is not None:
-        tensors |= {BY_STAGE + "correct": counts.by_stage_correct, BY_STAGE + "total": counts.by_stage_total}
-        tensors |= {BY_STAGE + NAMED + name: c for name, c in counts.named_by_stage.items()}
+    """The evaluation reply: its counts under :mod:`fedtail.wire`'s names (per class; per named
+    prediction; with stage tasks per seen stage too)."""
+    staged = counts.by_stage_correct is not None and counts.by_stage_total is not None
+    by_stage = (counts.by_stage_correct, counts.by_stage_total) if staged else None
+    tensors = wire.eval_tensors(counts.correct, counts.total, counts.named, by_stage, counts.named_by_stage)
     return Message(kind="eval", tensors=tensors, metrics={"loss_sum": counts.loss_sum})
 
 

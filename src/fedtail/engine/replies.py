@@ -49,6 +49,7 @@ from typing import Any, Iterator, Mapping
 import numpy as np
 import torch
 
+from fedtail import wire
 from fedtail.algorithms.base import Message, Tensors
 from fedtail.config import FaultConfig
 from fedtail.engine.device import to_host
@@ -323,10 +324,10 @@ class Channel:
         self.bytes_up += reply.nbytes
         verdict = self.check.verdict(sent, reply, answer.state, answer.state_nonfinite)
         if verdict.reason is None:
-            self.samples += int(reply.metrics.get("num_samples", 0))
-            n = reply.metrics.get("num_samples", 0.0)
-            if n and "train_loss" in reply.metrics:
-                self.loss_sum += reply.metrics["train_loss"] * n
+            self.samples += int(reply.metrics.get(wire.NUM_SAMPLES, 0))
+            n = reply.metrics.get(wire.NUM_SAMPLES, 0.0)
+            if n and wire.TRAIN_LOSS in reply.metrics:
+                self.loss_sum += reply.metrics[wire.TRAIN_LOSS] * n
                 self.loss_samples += n
             self._accept(answer)
             return True

@@ -38,14 +38,13 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 import torch
 
-from fedtail import components
+from fedtail import components, wire
 from fedtail.algorithms.base import EdgeHalf, Message, ServerHalf
 from fedtail.config import RunConfig
 from fedtail.data.base import Dataset
 from fedtail.engine import checkpoint
 from fedtail.engine.callbacks import Callback
 from fedtail.engine.context import ServerContext, Workspace, derive_seed, initial_weights, load_weights
-from fedtail.engine.context import BY_STAGE, NAMED
 from fedtail.engine.device import configure, resolve, to_host
 from fedtail.engine.executors import ClientRuntime, SerialExecutor, Task, Views, make_executor
 from fedtail.engine.replies import Channel, Delivered, ReplyCheck, RoundSkipped, nonfinite_at
@@ -368,11 +367,11 @@ class Simulation:
             return StageCounts(*(np.zeros(shape, dtype=np.int64) for shape in shapes))
 
         def fill(into: StageCounts, cid: int, t: dict[str, torch.Tensor], name: str = "") -> None:
-            into.correct[cid] = t[NAMED + name if name else "correct"].numpy()
-            into.total[cid] = t["total"].numpy()
+            into.correct[cid] = t[wire.correct_key(name)].numpy()
+            into.total[cid] = t[wire.TOTAL].numpy()
             if stages:
-                into.by_stage_correct[cid] = t[BY_STAGE + (NAMED + name if name else "correct")].numpy()
-                into.by_stage_total[cid] = t[BY_STAGE + "total"].numpy()
+                into.by_stage_correct[cid] = t[wire.stage_key(wire.correct_key(name))].numpy()
+                into.by_stage_total[cid] = t[wire.stage_key(wire.TOTAL)].numpy()
 
         main, named = empty(), {}
         local = empty() if stages and not self.spec.personal_model else None
@@ -381,9 +380,8 @@ class Simulation:
             answered.add(result.cid)
             t = result.reply.tensors
             fill(main, result.cid, t)
-            for key in t:
-                if key.startswith(NAMED):
-                    fill(named.setdefault(key[len(NAMED):], empty()), result.cid, t, key[len(NAMED):])
+            for name in wire.named_accuracies(t):
+                fill(named.setdefault(name, empty()), result.cid, t, name)
             if local is not None:
                 fill(local, result.cid, (result.local or result.reply).tensors)
         return main, named, local, answered

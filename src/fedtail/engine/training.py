@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedtail import wire
 from fedtail.algorithms.base import NO_HOOK, ExtraLoss, FeatureLoss, StepHook, class_counts, shuffled  # noqa: F401
 from fedtail.data.base import Dataset, Split
 
@@ -47,8 +48,8 @@ class TrainStats:
     def as_metrics(self) -> dict[str, float]:
         """The totals as reply metrics; ``train_loss`` only when something was trained (a NaN
         there means divergence to the engine, not "no training")."""
-        loss = {"train_loss": self.loss} if self.samples else {}
-        return loss | {"num_samples": float(self.samples), "num_steps": float(self.steps)}
+        loss = {wire.TRAIN_LOSS: self.loss} if self.samples else {}
+        return loss | {wire.NUM_SAMPLES: float(self.samples), wire.NUM_STEPS: float(self.steps)}
 
 
 def batches(index: torch.Tensor, batch_size: int, generator: torch.Generator) -> Iterable[torch.Tensor]:

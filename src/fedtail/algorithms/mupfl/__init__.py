@@ -141,6 +141,8 @@ MAP = "bavd/map"
 GRAD = "pkcf/grad."  # + "weight" / "bias" / "classes" (client upload: present classes only)
 PRESENT = "pkcf/present"  # edge forward: per class, how many of the edge's clients hold it
 FEATURES, LABELS = "pkcf/features", "pkcf/labels"
+# edge upload of ACMU's clustering, for the server's log: its clients, their clusters, a 2-d PCA of their points
+ACMU_CLIENTS, ACMU_CLUSTERS, ACMU_PCA = "acmu/clients", "acmu/clusters", "acmu/pca"
 AGGREGATE = -1  # an edge's aggregate among its forwards; the others are keyed by client id (>= 0)
 
 
@@ -255,7 +257,7 @@ class MuPFLServer(ServerHalf):
             msg = by_key[AGGREGATE]
             mean.add({k: msg.tensors[k] for k in self.weights}, msg.metrics["weight"])
             records.append(_acmu_record(edge_id, msg, full))
-            participants += msg.tensors["acmu/clients"].tolist()
+            participants += msg.tensors[ACMU_CLIENTS].tolist()
             personal |= {cid: m.tensors for cid, m in by_key.items() if cid != AGGREGATE}
             if self.features is not None:
                 for part in ("weight", "bias"):
@@ -305,9 +307,9 @@ def _acmu_record(edge_id: int, msg: Message, full: bool) -> dict:
     if not full:
         return record
     return record | {
-        "clients": msg.tensors["acmu/clients"].tolist(),
-        "clusters": msg.tensors["acmu/clusters"].tolist(),
-        "pca": [[round(x, 5), round(y, 5)] for x, y in msg.tensors["acmu/pca"].tolist()],
+        "clients": msg.tensors[ACMU_CLIENTS].tolist(),
+        "clusters": msg.tensors[ACMU_CLUSTERS].tolist(),
+        "pca": [[round(x, 5), round(y, 5)] for x, y in msg.tensors[ACMU_PCA].tolist()],
     }
 
 
@@ -342,13 +344,13 @@ class ACMUEdge(EdgeHalf):
             labels, kappa, silhouette = np.arange(len(cids)), len(cids), 0.0
             updated = weights
         mean = WeightedMean()
-        sizes = [replies[c].metrics["num_examples"] for c in cids]
+        sizes = [replies[c].num_examples for c in cids]
         for w, n in zip(updated, sizes):
             mean.add(w, n)
         tensors = mean.result() | {
-            "acmu/clients": torch.tensor(cids, device="cpu"),
-            "acmu/clusters": torch.as_tensor(labels, device="cpu"),
-            "acmu/pca": torch.as_tensor(project_2d(points), device="cpu"),
+            ACMU_CLIENTS: torch.tensor(cids, device="cpu"),
+            ACMU_CLUSTERS: torch.as_tensor(labels, device="cpu"),
+            ACMU_PCA: torch.as_tensor(project_2d(points), device="cpu"),
         }
         if opts.pkcf:  # per-class sums and holder counts; the server divides (Eq. 17)
             for c in cids:
