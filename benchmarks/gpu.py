@@ -352,7 +352,7 @@ def seconds_per_round(config: RunConfig, rounds: int) -> dict[str, Any]:
     try:
         for rnd in range(1, rounds + 1):
             sim.run_round(rnd)
-            if config.evaluates(rnd):
+            if config.plan.evaluates(rnd):
                 sim.evaluate(rnd, 0.0)
             synchronize(sim.device)
             marks.append(time.perf_counter())

@@ -111,9 +111,9 @@ def test_evaluation_frequency_does_not_change_training():
 
 def test_eval_final_evaluates_each_of_the_last_rounds_and_leaves_training_alone():
     config = tiny_config(eval_every=3, eval_final=2, rounds=7)
-    assert [r for r in range(1, 8) if config.evaluates(r)] == [3, 6, 7]
+    assert [r for r in range(1, 8) if config.plan.evaluates(r)] == [3, 6, 7]
     config = tiny_config(eval_every=5, eval_final=3, rounds=10)
-    assert [r for r in range(1, 11) if config.evaluates(r)] == [5, 8, 9, 10]
+    assert [r for r in range(1, 11) if config.plan.evaluates(r)] == [5, 8, 9, 10]
     dense, _ = run(tiny_config(eval_every=4, eval_final=2, rounds=4))
     assert [row["round"] for row in dense] == [3, 4]
     every, _ = run(tiny_config(eval_every=1, rounds=4))

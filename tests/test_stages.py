@@ -42,37 +42,37 @@ from helpers import (
 
 def test_rounds_form_equal_consecutive_stage_blocks():
     config = staged()
-    assert (config.num_stages, config.stage_rounds, config.schedule) == (3, 2, "blocks")
-    assert [config.stage_of(r) for r in range(1, 7)] == [0, 0, 1, 1, 2, 2]
-    assert [config.seen_stages(r) for r in range(1, 7)] == [1, 1, 2, 2, 3, 3]
-    assert [r for r in range(1, 7) if config.is_stage_end(r)] == [2, 4, 6]
-    assert [r for r in range(1, 7) if config.evaluates(r)] == list(range(1, 7))
-    assert [config.global_round(r) for r in range(1, 7)] == list(range(1, 7))
+    assert (config.plan.num_stages, config.plan.stage_rounds, config.plan.schedule) == (3, 2, "blocks")
+    assert [config.plan.stage_of(r) for r in range(1, 7)] == [0, 0, 1, 1, 2, 2]
+    assert [config.plan.seen_stages(r) for r in range(1, 7)] == [1, 1, 2, 2, 3, 3]
+    assert [r for r in range(1, 7) if config.plan.is_stage_end(r)] == [2, 4, 6]
+    assert [r for r in range(1, 7) if config.plan.evaluates(r)] == list(range(1, 7))
+    assert [config.plan.global_round(r) for r in range(1, 7)] == list(range(1, 7))
     explicit = staged(rounds=9, rounds_per_stage=3)
-    assert [explicit.stage_of(r) for r in range(1, 10)] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
-    assert [r for r in range(1, 10) if explicit.has_later_stage(r)] == list(range(1, 7))
+    assert [explicit.plan.stage_of(r) for r in range(1, 10)] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    assert [r for r in range(1, 10) if explicit.plan.has_later_stage(r)] == list(range(1, 7))
     plain = tiny_config()  # without stages: one stage, the whole run
-    assert plain.num_stages == 1 and {plain.stage_of(r) for r in range(1, 4)} == {0}
-    assert plain.schedule is None and not plain.has_stages
+    assert plain.plan.num_stages == 1 and {plain.plan.stage_of(r) for r in range(1, 4)} == {0}
+    assert plain.plan.schedule is None and not plain.plan.has_stages
 
 
 def test_nested_schedule_is_the_default_and_runs_the_stage_tasks_in_turn():
     config = staged(stage_schedule=None, rounds=9, eval_every=2)
-    assert config.schedule == "nested" and config.stage_rounds == 1
-    assert [config.stage_of(r) for r in range(1, 10)] == [0, 1, 2] * 3
-    assert [config.global_round(r) for r in range(1, 10)] == [1, 1, 1, 2, 2, 2, 3, 3, 3]
+    assert config.plan.schedule == "nested" and config.plan.stage_rounds == 1
+    assert [config.plan.stage_of(r) for r in range(1, 10)] == [0, 1, 2] * 3
+    assert [config.plan.global_round(r) for r in range(1, 10)] == [1, 1, 1, 2, 2, 2, 3, 3, 3]
     # the first round of global optimisation has seen 1, 2, 3 stages; every later one all of them
-    assert [config.seen_stages(r) for r in range(1, 10)] == [1, 2, 3, 3, 3, 3, 3, 3, 3]
+    assert [config.plan.seen_stages(r) for r in range(1, 10)] == [1, 2, 3, 3, 3, 3, 3, 3, 3]
     # evaluated at the end of every eval_every-th round of global optimisation, and at the last
-    assert [r for r in range(1, 10) if config.evaluates(r)] == [6, 9]
-    assert [r for r in range(1, 10) if config.has_later_stage(r)] == list(range(1, 9))
+    assert [r for r in range(1, 10) if config.plan.evaluates(r)] == [6, 9]
+    assert [r for r in range(1, 10) if config.plan.has_later_stage(r)] == list(range(1, 9))
     # eval_final: every round of global optimisation among the final N too
     dense_tail = staged(stage_schedule=None, rounds=9, eval_every=2, eval_final=2)
-    assert [r for r in range(1, 10) if dense_tail.evaluates(r)] == [6, 9]
+    assert [r for r in range(1, 10) if dense_tail.plan.evaluates(r)] == [6, 9]
     dense_tail = staged(stage_schedule=None, rounds=15, eval_every=4, eval_final=2)  # 5 rounds of global optimisation
-    assert [r for r in range(1, 16) if dense_tail.evaluates(r)] == [12, 15]
+    assert [r for r in range(1, 16) if dense_tail.plan.evaluates(r)] == [12, 15]
     dense_tail = staged(stage_schedule=None, rounds=15, eval_every=2, eval_final=3)
-    assert [r for r in range(1, 16) if dense_tail.evaluates(r)] == [6, 9, 12, 15]
+    assert [r for r in range(1, 16) if dense_tail.plan.evaluates(r)] == [6, 9, 12, 15]
     rows, sim = run(config)
     assert [(r["round"], r["global_round"], r["stage"], r["seen_stages"]) for r in rows] == [(6, 2, 2, 3), (9, 3, 2, 3)]
     logs = [log for row in rows for log in row["rounds_log"]]
@@ -80,12 +80,12 @@ def test_nested_schedule_is_the_default_and_runs_the_stage_tasks_in_turn():
     # the clients of a round of global optimisation train all its stage tasks
     by_global = {}
     for log in logs:
-        by_global.setdefault(config.global_round(log["round"]), []).append(log["clients"])
+        by_global.setdefault(config.plan.global_round(log["round"]), []).append(log["clients"])
     assert all(all(c == clients[0] for c in clients) for clients in by_global.values())
     assert len({tuple(c[0]) for c in by_global.values()}) > 1
     sizes = np.array([[len(st.train) for st in c.stages] for c in sim.partition.clients])
     for log in logs:
-        assert log["samples"] == sizes[log["clients"], config.stage_of(log["round"])].sum()
+        assert log["samples"] == sizes[log["clients"], config.plan.stage_of(log["round"])].sum()
 
 
 @pytest.mark.parametrize(
@@ -113,7 +113,7 @@ def test_stage_options_need_the_stages_partition():
         build_config(tiny_raw(stage_schedule="blocks"))
     # and they are reachable with --set, as top-level keys
     assert build_config(staged_raw(), ["rounds_per_stage=2"]).rounds_per_stage == 2
-    assert build_config(staged_raw(), ["stage_schedule=nested"]).schedule == "nested"
+    assert build_config(staged_raw(), ["stage_schedule=nested"]).plan.schedule == "nested"
 
 
 def test_config_json_of_runs_without_stages_is_unchanged():
@@ -262,7 +262,7 @@ def test_rounds_train_the_stage_sizes_and_the_server_knows_the_stage():
     sizes = np.array([[len(s.train) for s in c.stages] for c in sim.partition.clients])  # clients × stages
     logs = [log for row in rows for log in row["rounds_log"]]
     for log in logs:
-        m = config.stage_of(log["round"])
+        m = config.plan.stage_of(log["round"])
         assert log["samples"] == sizes[log["clients"], m].sum()  # FedAvg: one epoch each
     assert sim.server_ctx.stage == 2
     assert sim.server_ctx.client_train_sizes.tolist() == sizes[:, 2].tolist()

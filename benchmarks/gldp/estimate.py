@@ -30,7 +30,7 @@ def probe_rates() -> dict[tuple[int, str], float]:
     rates = {}
     for run in load_sweep(PROBE).runs:
         summary = json.loads((run.dir / "summary.json").read_text())
-        rates[(run.config.num_stages, run.config.algorithm)] = summary["wall_time_s"] / run.config.rounds
+        rates[(run.config.plan.num_stages, run.config.algorithm)] = summary["wall_time_s"] / run.config.rounds
     return rates
 
 
@@ -46,7 +46,7 @@ def main(files: list[str]) -> None:
                 continue
             seen.add(run.dir.resolve())
             c = run.config
-            per_method[run.method].append(rates[(c.num_stages, c.algorithm)] * c.rounds + START_S)
+            per_method[run.method].append(rates[(c.plan.num_stages, c.algorithm)] * c.rounds + START_S)
         total = sum(sum(v) for v in per_method.values())
         grand += total
         longest = max((max(v) for v in per_method.values()), default=0.0)

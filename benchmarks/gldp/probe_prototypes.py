@@ -61,7 +61,7 @@ def main(argv: list[str]) -> None:
     row = sim.record.rows[-1]
     rt = ClientRuntime(config, dataset, partition)
     views = rt.views.at(config.rounds)
-    seen = config.seen_stages(config.rounds)
+    seen = config.plan.seen_stages(config.rounds)
     C = dataset.num_classes
     model = rt.workspace.model("probe")
     fresh, fresh_present = [], []
@@ -87,7 +87,7 @@ def main(argv: list[str]) -> None:
                               predict=lambda x: nearest_prototype_scores(embed(model, x), protos, usable))  # fmt: skip
             acc[name].append(counts.accuracy)
     out = {
-        "config": {"stage_schedule": config.schedule, "options": config.options, "rounds": config.rounds},
+        "config": {"stage_schedule": config.plan.schedule, "options": config.options, "rounds": config.rounds},
         "final_round": row["round"],
         "global_acc": row["global_acc"],
         "a_global": row["a_global"],

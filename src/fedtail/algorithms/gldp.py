@@ -457,7 +457,7 @@ class GLDPClient(ClientHalf):
 
         state["classifier"] = ctx.weights(keys=model.classifier_keys())
         shared = ctx.weights(keys=shared_keys(model))
-        if uses_lpr(opts) and ctx.workspace.config.has_later_stage(ctx.rnd):
+        if uses_lpr(opts) and ctx.workspace.config.plan.has_later_stage(ctx.rnd):
             state["shared"] = shared  # L_LPR's φ_old, should this turn out to be the stage's last round
         state["stage"] = ctx.stage
         stats = representation_statistics(model, ctx.dataset, ctx.data.train)

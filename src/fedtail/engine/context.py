@@ -359,12 +359,12 @@ class ServerContext:
 
     def set_stage(self, stage: int) -> None:
         self.stage = stage
-        if self.config.has_stages:
+        if self.config.plan.has_stages:
             self.client_train_sizes = np.array([len(c.stages[stage].train) for c in self.partition.clients])
 
     def stage_of(self, rnd: int) -> int:
         """The 0-based stage task of round ``rnd``."""
-        return self.config.stage_of(rnd)
+        return self.config.plan.stage_of(rnd)
 
     @property
     def num_clients(self) -> int:

@@ -105,7 +105,7 @@ class Views:
 
     Without stage tasks, the whole clients in every round. With stage tasks, the training data of
     the round's stage and the evaluation data of the stages trained so far
-    (``config.stage_of`` / ``config.seen_stages``): M views with blocks, 2M − 1 with nested stages.
+    (``config.plan.stage_of`` / ``config.plan.seen_stages``): M views with blocks, 2M − 1 with nested stages.
     """
 
     def __init__(self, config: RunConfig, partition: Partition, dataset: Dataset) -> None:
@@ -114,7 +114,7 @@ class Views:
 
     def at(self, rnd: int) -> list[ClientData]:
         config = self.config
-        key = (config.stage_of(rnd), config.seen_stages(rnd)) if config.has_stages else None
+        key = (config.plan.stage_of(rnd), config.plan.seen_stages(rnd)) if config.plan.has_stages else None
         if key not in self._cache:
             stage, seen = key if key is not None else (None, None)
             self._cache[key] = client_views(self.partition, self.dataset, config.eval_split, stage, seen)
@@ -138,7 +138,7 @@ class ClientRuntime:
         spec = components.algorithm(config.algorithm)
         self.client: ClientHalf = spec.client()
         self.options = components.algorithm_options(config)
-        self.keeps_local = config.has_stages and not spec.personal_model
+        self.keeps_local = config.plan.has_stages and not spec.personal_model
 
     def run(self, task: Task) -> Result:
         start = time.perf_counter()

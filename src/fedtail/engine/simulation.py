@@ -196,7 +196,7 @@ class Simulation:
             for rnd in range(self.rounds_done + 1, config.rounds + 1):
                 self.run_round(rnd)
                 row = None
-                if config.evaluates(rnd):
+                if config.plan.evaluates(rnd):
                     row = self.evaluate(rnd, time.perf_counter() - start)
                 self.rounds_done = rnd
                 for cb in self.callbacks:
@@ -270,9 +270,9 @@ class Simulation:
         Raises :class:`RunDiverged` when a reply, the server's state or the edges' state holds NaN / inf.
         """
         # With nested stages the clients of a round of global optimisation train all its stage tasks.
-        clients = sample_clients(self.config.seed, self.config.global_round(rnd), self.num_clients,
+        clients = sample_clients(self.config.seed, self.config.plan.global_round(rnd), self.num_clients,
                                  self.config.clients_per_round)
-        self.server_ctx.set_stage(self.config.stage_of(rnd))
+        self.server_ctx.set_stage(self.config.plan.stage_of(rnd))
         comm = SimComm(self, rnd, clients)
         before = copy.deepcopy((checkpoint.encode(self.server.state_dict()), checkpoint.encode(self.edge.state_dict())))
         start = time.perf_counter()
@@ -321,7 +321,7 @@ class Simulation:
             load_weights(model, weights)
             counts = evaluate(model, self.dataset, self.dataset.test, None, self.dataset.num_classes)
             global_row = global_metrics(counts.correct.numpy(), counts.total.numpy(), self.groups)
-            if config.has_stages:
+            if config.plan.has_stages:
                 global_seen = self._global_seen_counts(rnd, model)
         main, named, local, answered = self._gather(results, rnd)
         row |= personalized_metrics(main.correct, main.total, self.groups)
@@ -329,10 +329,10 @@ class Simulation:
             row["eval_missing"] = sorted(set(cids) - answered)
         row |= global_row
         participants = self.round_logs[-1]["clients"] if self.round_logs else []
-        if config.has_stages:
-            row |= {"stage": config.stage_of(rnd), "seen_stages": config.seen_stages(rnd)}
-            if config.schedule == "nested":
-                row["global_round"] = config.global_round(rnd)
+        if config.plan.has_stages:
+            row |= {"stage": config.plan.stage_of(rnd), "seen_stages": config.plan.seen_stages(rnd)}
+            if config.plan.schedule == "nested":
+                row["global_round"] = config.plan.global_round(rnd)
             row |= stage_metrics(local or main, participants, global_seen)
         if named:
             row["named"] = {name: self._named_metrics(counts, main, participants) for name, counts in named.items()}
@@ -360,7 +360,7 @@ class Simulation:
         without stage tasks; and the clients that answered.
         """
         n, C = self.num_clients, self.dataset.num_classes
-        stages = self.config.seen_stages(rnd) if self.config.has_stages else 0
+        stages = self.config.plan.seen_stages(rnd) if self.config.plan.has_stages else 0
 
         def empty() -> StageCounts:
             shapes = ((n, C), (n, C), (n, stages, C), (n, stages, C))
@@ -390,7 +390,7 @@ class Simulation:
         """The personalised metrics of one named accuracy (and its A_local, A_part in stage runs)."""
         metrics = personalized_metrics(counts.correct, main.total, self.groups)
         out = {k: metrics[k] for k in NAMED_KEYS if k in metrics}
-        if self.config.has_stages:
+        if self.config.plan.has_stages:
             out |= local_metrics(counts, participants)
         return out
 
