@@ -25,6 +25,7 @@ MAIN_TABLES = [
     "gldp/table1_fmnist.toml",
     "gldp/tables23_fmnist.toml",
     "fedac/table1_fmnist.toml",
+    "fedac/table1_path3_k10_fmnist.toml",
     "fedrema/table1_fmnist.toml",
 ]
 # Ablation / sensitivity rows: each sets an option on purpose (κ, module switches, λ, δ, variants),
