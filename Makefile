@@ -9,7 +9,7 @@ PIP    := $(BIN)/python -m pip install --disable-pip-version-check -q $(FIND_LIN
 
 FLOWER := $(VENV)/.installed-flower
 
-.PHONY: demo test test-flower data install install-flower bench bench-gpu bench-flower bench-scaling clean
+.PHONY: demo test test-flower data install install-flower bench bench-gpu bench-flower bench-scaling cli-doc clean
 
 install: $(STAMP)
 
@@ -53,6 +53,10 @@ bench-flower: data install-flower
 # Server work of the clustered methods at 10/100/1000 clients, peak memory of 1000-client rounds.
 bench-scaling: install
 	$(BIN)/python benchmarks/server_scaling.py
+
+# docs/cli.md from the command line itself (tests/test_cli.py fails when it is stale).
+cli-doc: $(STAMP)
+	$(BIN)/python -m fedtail.cli.reference > docs/cli.md
 
 clean:
 	rm -rf $(VENV) runs

@@ -249,10 +249,19 @@ def test_a_bad_npz_names_the_field(tmp_path, arrays, message):
         fedtail.run(dataset=spec, model="mlp", rounds=1, out=None)
 
 
+def test_natural_takes_the_client_count_from_the_data(tmp_path):
+    spec = write_npz(tmp_path / "d.npz", **clustered_arrays(clients=5, per_client=20))
+    result = fedtail.run(dataset=spec, model="mlp", partition="natural", rounds=1, out=None)
+    assert result.config.partition.num_clients == 5 and len(result.partition["clients"]) == 5
+    with pytest.raises(fedtail.ConfigError, match="the data has 5 clients; pass --clients 5 \\(got 4\\)"):
+        fedtail.run(dataset=spec, model="mlp", partition="natural", clients=4, rounds=1, out=None)
+
+
 def test_natural_needs_client_ids(tmp_path):
     spec = write_npz(tmp_path / "d.npz", x=np.zeros((40, 3), np.float32), y=np.arange(40) % 2)
-    with pytest.raises(fedtail.ConfigError, match="--partition natural needs data with client ids"):
-        fedtail.run(dataset=spec, model="mlp", partition="natural", clients=2, rounds=1, out=None)
+    for clients in ({"clients": 2}, {}):
+        with pytest.raises(fedtail.ConfigError, match="--partition natural needs data with client ids"):
+            fedtail.run(dataset=spec, model="mlp", partition="natural", rounds=1, out=None, **clients)
 
 
 def test_a_folder_of_client_and_class_folders(tmp_path):
@@ -315,3 +324,30 @@ def test_a_plugin_model_runs_methods_whose_reference_moves_the_head(algorithm, m
         assert raw.get("head") == head, model
     with pytest.raises(fedtail.errors.ConfigError, match="plug-in"):  # asked for explicitly: a clear error
         fedtail.run(algorithm=algorithm, model="my_model:tiny_cnn", dataset="digits", head="last", out=None)
+
+
+def test_runs_as_a_dataframe_and_from_the_command_line(tmp_path):
+    pd = pytest.importorskip("pandas")
+    root = tmp_path / "runs"
+    for seed in (0, 1):
+        fedtail.run(algorithm="fedavg", out=root / "s" / "fedavg" / f"seed{seed}", seed=seed, **TINY)
+    fedtail.run(algorithm="local", out=root / "s" / "local" / "seed0", **TINY)
+    (root / "broken" / "seed0").mkdir(parents=True)
+    (root / "broken" / "seed0" / "summary.json").write_text("{")
+    with pytest.warns(UserWarning, match="broken.*left out"):
+        frame = fedtail.load_runs(root)
+    assert isinstance(frame, pd.DataFrame) and len(frame) == 3
+    assert list(frame["method"]) == ["fedavg", "fedavg", "local"] and set(frame["setting"]) == {"s"}
+    one = fedtail.load_run(root / "s" / "fedavg" / "seed1")
+    row = frame[frame["path"] == "s/fedavg/seed1"].iloc[0]
+    assert row["final.personalized_acc"] == pytest.approx(one.summary["final"]["personalized_acc"])
+    assert row["config.seed"] == 1 and row["config.partition.num_clients"] == 6 and row["status"] == "finished"
+    assert row["code.commit"] == one.summary["code"]["commit"] or pd.isna(row["code.commit"])
+    evals = one.frame()
+    assert list(evals["round"]) == [r["round"] for r in one.rows]
+    assert evals["personalized_acc"].tolist() == pytest.approx([r["personalized_acc"] for r in one.rows])
+    res = invoke("runs", str(root), "--csv", str(tmp_path / "t.csv"))
+    assert res.exit_code == 0, res.output
+    assert "3 run(s)" in res.output and "wrote" in res.output
+    assert pd.read_csv(tmp_path / "t.csv")["config.algorithm"].tolist() == ["fedavg", "fedavg", "local"]
+    assert invoke("runs", str(tmp_path / "nowhere")).exit_code == 2

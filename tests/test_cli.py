@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -171,3 +172,12 @@ def test_config_file_may_use_flag_names(tmp_path):
     config = json.loads((tmp_path / "r" / "config.json").read_text())
     assert config["partition"]["scheme"] == "pathological" and config["partition"]["num_clients"] == 5
     assert config["partition"]["quantity"] == [20, 40] and config["train"]["local_epochs"] == 2
+
+
+def test_the_cli_reference_is_current():
+    """docs/cli.md is generated from the Typer app; regenerate with `make cli-doc` after a CLI change."""
+    from fedtail.cli.reference import reference
+
+    committed = (Path(__file__).parent.parent / "docs" / "cli.md").read_text()
+    assert committed == reference(), "docs/cli.md is stale: run `make cli-doc`"
+    assert "| `--clients` | `20` |" in committed and "## `fedtail runs`" in committed

@@ -1,6 +1,7 @@
 """fedtail: personalized federated learning on non-IID, long-tailed and growing client data.
 
-From Python: ``fedtail.run(**flags)``, ``fedtail.load_run(DIR)``, ``fedtail.sweep(FILE)``,
+From Python: ``fedtail.run(**flags)``, ``fedtail.load_run(DIR)``, ``fedtail.load_runs(ROOT)`` (a
+pandas DataFrame, one row per run), ``fedtail.sweep(FILE)``,
 ``fedtail.Callback`` for ``fedtail.run(..., callbacks=[...])`` (see
 :mod:`fedtail.api`, which also holds the contract a plug-in algorithm codes against). Importing
 ``fedtail`` alone stays light: the API (and torch) load on first use.
@@ -10,7 +11,7 @@ from fedtail.errors import ConfigError, DataError, FedtailError, RunDiverged
 
 __version__ = "0.1.0"
 
-_API = ("run", "load_run", "RunResult", "config_from_flags", "Callback")
+_API = ("run", "load_run", "load_runs", "RunResult", "config_from_flags", "Callback")
 
 
 def __getattr__(name: str):
@@ -25,4 +26,4 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'fedtail' has no attribute {name!r}")
 
 
-__all__ = ["Callback", "ConfigError", "DataError", "FedtailError", "RunDiverged", "RunResult", "load_run", "run", "sweep"]
+__all__ = ["Callback", "ConfigError", "DataError", "FedtailError", "RunDiverged", "RunResult", "load_run", "load_runs", "run", "sweep"]

@@ -62,6 +62,18 @@ class RunResult:
     dir: Path | None = None  # the run folder, when the run was written to disk
     partition: dict[str, Any] | None = field(default=None, repr=False)  # partition.json's content
 
+    def frame(self):
+        """The evaluations as a pandas DataFrame, one row each (:func:`fedtail.tables.evaluations`)."""
+        from fedtail.tables import evaluations
+
+        return evaluations(self)
+
+    def row(self) -> dict[str, Any]:
+        """The run as one flat row: config, summary metrics, code (:func:`fedtail.tables.run_row`)."""
+        from fedtail.tables import run_row
+
+        return run_row(self)
+
 
 def _sets(value: Mapping[str, Any] | list[str] | tuple[str, ...] | None) -> list[str]:
     if value is None:
@@ -130,6 +142,13 @@ def run(**flags: Any) -> RunResult:
     resume = True if flags.get("resume") else (False if flags.get("overwrite") else None)
     run_to_folder(config, out, callbacks, resume=resume)
     return load_run(out)
+
+
+def load_runs(root: str | Path):
+    """Every finished run folder under ``root`` as one row of a pandas DataFrame (:mod:`fedtail.tables`)."""
+    from fedtail.tables import load_runs as load
+
+    return load(root)
 
 
 def load_run(run_dir: str | Path) -> RunResult:
@@ -218,6 +237,7 @@ __all__ = [
     "WeightedMean",
     "config_from_flags",
     "load_run",
+    "load_runs",
     "run",
     "sweep",
 ]

@@ -304,5 +304,20 @@ def build_config(
         sets = ()
         apply_reference(raw)
     config = parse_config(raw, sets, rounds)
+    if reference and config.partition.scheme == "natural" and "num_clients" not in (raw.get("partition") or {}):
+        # --partition natural without --clients: as many clients as the data has
+        raw = json.loads(json.dumps(raw))
+        raw.setdefault("partition", {})["num_clients"] = natural_clients(config)
+        config = parse_config(raw, sets, rounds)
     check(config)
     return config
+
+
+def natural_clients(config) -> int:
+    """How many clients the data of a ``--partition natural`` run holds (its training rows' client ids)."""
+    dataset = load_dataset(config.dataset, config.data_dir, **config.dataset_options)
+    ids = dataset.train.clients
+    if ids is None:
+        raise ConfigError("--partition natural needs data with client ids (an npz: file with a 'client' "
+                          "array, or a folder: of client folders)")
+    return int(ids.max()) + 1 if len(ids) else 0

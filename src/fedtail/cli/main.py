@@ -102,7 +102,7 @@ def run(
     partition: Optional[str] = typer.Option(None, help="iid | dirichlet | pathological | dominant | stages | natural"),
     imbalance: Optional[float] = typer.Option(None, help="long-tail imbalance factor IF >= 1"),
     alpha: Optional[float] = typer.Option(None, help="Dirichlet concentration > 0"),
-    clients: Optional[int] = typer.Option(None, help="number of clients"),
+    clients: Optional[int] = typer.Option(None, help="number of clients (--partition natural: as many as the data holds)"),
     min_samples: Optional[int] = typer.Option(None, help="Dirichlet: minimum samples per client"),
     balanced: Optional[bool] = typer.Option(None, "--balanced/--no-balanced", help="Dirichlet: CReFF equal-size re-cut"),
     classes_per_client: Optional[int] = typer.Option(None, help="pathological: classes per client"),
@@ -470,6 +470,49 @@ def report(
         console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)
     figures = "".join(f", {p}" for p in result.plots)
     console.print(escape(f"wrote {out}{figures}"), highlight=False, soft_wrap=True)
+
+
+@app.command("runs")
+def runs_cmd(
+    root: Path = typer.Argument(..., help="folder holding run folders (searched recursively)"),
+    csv: Optional[Path] = typer.Option(None, "--csv", help="write the table as CSV to this file"),
+    parquet: Optional[Path] = typer.Option(None, "--parquet", help="write the table as Parquet (needs pyarrow)"),
+) -> None:
+    """Every finished run under ROOT as one row (config, final / best / last-10 metrics, status,
+    seconds, code commit): printed briefly, written whole with --csv / --parquet (fedtail.load_runs)."""
+    from fedtail.tables import load_runs
+
+    try:
+        frame = load_runs(root)
+        if parquet is not None:
+            try:
+                import pyarrow  # noqa: F401
+            except ImportError:
+                raise FedtailError("--parquet needs pyarrow: pip install pyarrow (or write --csv)") from None
+            parquet.parent.mkdir(parents=True, exist_ok=True)
+            frame.to_parquet(parquet, index=False)
+        if csv is not None:
+            csv.parent.mkdir(parents=True, exist_ok=True)
+            frame.to_csv(csv, index=False)
+    except FedtailError as err:
+        fail(str(err))
+    table = Table(title=f"{len(frame)} run(s) under {root}")
+    where = ["setting", "method"] if "method" in frame and frame["method"].notna().all() else ["path"]
+    shown = [c for c in (*where, "config.algorithm", "config.seed", "status", "final.personalized_acc",
+                         "last10.personalized_acc", "wall_time_s") if c in frame]  # fmt: skip
+    for column in shown:
+        table.add_column(column.replace("config.", "").replace(".personalized_acc", " acc"))
+    for _, row in frame.iterrows():
+        cells = []
+        for column in shown:
+            value = row[column]
+            cells.append(f"{100 * value:.2f}" if column.endswith("_acc") and value == value and value is not None
+                         else f"{value:.0f}" if column == "wall_time_s" and value == value else str(value))  # fmt: skip
+        table.add_row(*cells)
+    console.print(table)
+    for path in (csv, parquet):
+        if path is not None:
+            typer.echo(f"wrote {path} ({len(frame)} rows, {len(frame.columns)} columns)")
 
 
 @app.command("list")

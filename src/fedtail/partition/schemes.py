@@ -32,7 +32,7 @@ SCHEMES: dict[str, str] = {
     "dominant": "FedReMa: clients in --groups groups with overlapping dominant labels plus --iid-fraction IID",
     "stages": "GLDP [N,S,M]: --stages sequential tasks of --classes-per-stage classes per client (classes may "
               "recur; --balanced: equal-size label shards)",
-    "natural": "the data's own clients (client ids of an npz: or folder: dataset); --clients must equal their number",
+    "natural": "the data's own clients (client ids of an npz: or folder: dataset); as many as the data holds (--clients, if given, must equal that)",
 }
 
 # Bounded Dirichlet redraws: enough for any feasible setting, short enough to fail fast on infeasible ones.
