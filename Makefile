@@ -8,8 +8,9 @@ FIND_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
 PIP    := $(BIN)/python -m pip install --disable-pip-version-check -q $(FIND_LINKS)
 
 FLOWER := $(VENV)/.installed-flower
+TRACKING := $(VENV)/.installed-tracking
 
-.PHONY: demo test test-flower data install install-flower bench bench-gpu bench-flower bench-scaling cli-doc clean
+.PHONY: demo test test-flower data install install-flower install-tracking bench bench-gpu bench-flower bench-scaling cli-doc clean
 
 install: $(STAMP)
 
@@ -19,6 +20,13 @@ install-flower: $(FLOWER)
 $(FLOWER): $(STAMP) requirements-flower.txt
 	$(PIP) -r requirements.txt -r requirements-flower.txt
 	touch $(FLOWER)
+
+# TensorBoard (fedtail.tracking, --log tensorboard) on top of Flower's pins (grpcio, protobuf): `make test` reads its logs back.
+install-tracking: $(TRACKING)
+
+$(TRACKING): $(FLOWER) requirements-tracking.txt
+	$(PIP) -r requirements.txt -r requirements-flower.txt -r requirements-tracking.txt
+	touch $(TRACKING)
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -32,7 +40,7 @@ data: $(STAMP)
 demo: data
 	$(BIN)/fedtail compare --config configs/demo.toml --algorithms mupfl,ditto,fedavg,local --out runs/demo
 
-test: data install-flower
+test: data install-flower install-tracking
 	$(BIN)/python -m pytest -o addopts="" -q --ignore=tests/deployment
 
 # Loopback Flower deployments (SuperLink + SuperNodes on 127.0.0.1: TLS, node keys, a killed node).

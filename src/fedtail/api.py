@@ -125,12 +125,16 @@ def run(**flags: Any) -> RunResult:
         from fedtail.engine.simulation import Simulation
 
         dataset, partition = prepare(config)
+        from fedtail.tracking import trackers
+
+        tracked = trackers(config, None)
         rows = Rows()
-        sim = Simulation(config, dataset, partition, callbacks=[rows, *callbacks])
+        sim = Simulation(config, dataset, partition, callbacks=[rows, *tracked, *callbacks])
         try:
             summary = sim.run()
-        except RunDiverged:
-            raise
+        finally:
+            for tracker in tracked:
+                tracker.close()
         head = {"algorithm": config.algorithm, "dataset": config.dataset, "seed": config.seed}
         return RunResult(head | summary, rows.rows, config, None, partition.summary())
     from fedtail.report.runfiles import is_finished

@@ -158,12 +158,27 @@ class RunConfig(BaseModel):
         "memory, or disk (one file per client in the run folder, loaded when the client is served; bounds "
         "memory with many clients holding personal models); does not change results",
     )
+    log: list[str] = Field(
+        default_factory=list,
+        description="--log tensorboard[:DIR] (repeatable): experiment tracking besides the run folder, "
+        "each evaluation's metrics as TensorBoard scalars (default DIR: OUT/tensorboard; fedtail.tracking); "
+        "does not change results",
+    )
     log_clustering_every: int = Field(
         LOG_CLUSTERING_EVERY,
         ge=1,
         description="--log-clustering-every: the clustered methods' full clustering record (assignment and "
         "PCA view) every N rounds and at the last, only the number of clusters in between; does not change results",
     )
+
+    @field_validator("log")
+    @classmethod
+    def _log_kinds(cls, v: list[str]) -> list[str]:
+        from fedtail.tracking import parse_log
+
+        for spec in v:
+            parse_log(spec)  # raises ValueError on an unknown kind
+        return v
 
     @model_validator(mode="before")
     @classmethod
@@ -267,6 +282,8 @@ class RunConfig(BaseModel):
             data.pop("log_clustering_every", None)
         if self.client_state == "memory":  # likewise
             data.pop("client_state", None)
+        if not self.log:  # likewise
+            data.pop("log", None)
         if self.head is None:  # likewise: the model's own split, what every run used before
             data.pop("head", None)
         if self.eval_final is None:  # likewise
@@ -432,6 +449,7 @@ FLAG_KEYS: dict[str, tuple[str, ...]] = {
     "on_nonfinite": ("faults", "on_nonfinite"),
     "log_clustering_every": ("log_clustering_every",),
     "client_state": ("client_state",),
+    "log": ("log",),
 }
 
 

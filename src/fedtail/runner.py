@@ -60,6 +60,7 @@ def run_to_folder(
     from fedtail.engine.simulation import Simulation
     from fedtail.report import RunWriter
     from fedtail.report.runfiles import CHECKPOINT, config_diff
+    from fedtail.tracking import trackers
 
     from fedtail.engine.device import resolve
 
@@ -81,6 +82,7 @@ def run_to_folder(
             )
         # checkpoints written before pieces were recorded: the earlier machines are unknown
         pieces = list(state.get("pieces") or [_piece(1, {})]) + [_piece(state["round"] + 1, machine)]
+    tracked = trackers(config, out)  # --log: a missing library is bad input, before anything is written
     dataset, partition = prepare(config)  # raises before anything is written
     writer = RunWriter(out)
     own: list[Callback] = [MetricsFile(writer)]
@@ -90,7 +92,7 @@ def run_to_folder(
         config,
         dataset,
         partition,
-        callbacks=[*own, *callbacks],
+        callbacks=[*own, *tracked, *callbacks],
         executor_factory=executor_factory,
         run_dir=out,
     )
@@ -123,6 +125,9 @@ def run_to_folder(
     except BaseException as err:
         writer.fail(err)
         raise
+    finally:
+        for tracker in tracked:
+            tracker.close()
     summary = _transport(sim, head | summary)
     writer.finish(summary)
     return summary

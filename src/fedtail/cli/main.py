@@ -168,6 +168,10 @@ def run(
         help="memory (default) | disk: keep the clients' state between rounds in one file per client under "
         "OUT/.client-state (removed at the end) instead of in memory; results are the same",
     ),
+    log: Optional[list[str]] = typer.Option(
+        None, "--log", help="tensorboard[:DIR] (repeatable): each evaluation's metrics as TensorBoard scalars too "
+        "(default DIR: OUT/tensorboard); needs pip install tensorboard",
+    ),
     data_dir: Optional[str] = typer.Option(None, help="folder with the dataset files"),
     set_: list[str] = typer.Option([], "--set", help="KEY=VALUE, e.g. fedprox.mu=0.01 or partition.min_samples=20"),
     config_file: Optional[Path] = typer.Option(None, "--config", help="TOML file with the same keys"),

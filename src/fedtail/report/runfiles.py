@@ -18,7 +18,7 @@ from typing import Any
 CHECKPOINT = "checkpoint.pt"
 CHECKPOINT_INFO = "checkpoint.json"
 # config keys that do not change results (device, deterministic: beyond float rounding, see fedtail.engine.device)
-IGNORED_KEYS = ("workers", "checkpoint_every", "log_clustering_every", "client_state", "device", "deterministic")
+IGNORED_KEYS = ("workers", "checkpoint_every", "log_clustering_every", "client_state", "device", "deterministic", "log")
 
 
 def _clean(value: Any) -> Any:

@@ -1,0 +1,86 @@
+"""--log tensorboard: what TensorBoard's own reader finds agrees with metrics.jsonl, resumed runs continue one log."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+import fedtail
+from fedtail.engine.callbacks import OnRound
+from fedtail.errors import ConfigError
+from fedtail.report.runfiles import config_diff
+from fedtail.runner import run_to_folder
+from helpers import tiny_config
+
+pytest.importorskip("tensorboard")
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
+
+TINY = dict(dataset="synthetic", model="mlp", clients=6, rounds=4, fraction=0.5, batch_size=16, lr=0.05,
+            set={"dataset_options.num_classes": 5})  # fmt: skip
+
+
+def events(folder):
+    acc = EventAccumulator(str(folder), size_guidance={"scalars": 0, "histograms": 0, "tensors": 0})
+    acc.Reload()
+    return acc
+
+
+def rows_of(folder):
+    return [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_tensorboard_holds_each_evaluation_as_metrics_jsonl_does(tmp_path):
+    out = tmp_path / "r"
+    fedtail.run(algorithm="fedavg", out=out, log=["tensorboard"], eval_every=2, **TINY)
+    acc = events(out / "tensorboard")
+    rows = rows_of(out)
+    tags = acc.Tags()
+    assert {"accuracy/personalized", "accuracy/tail", "train/loss", "cost/bytes_up"} <= set(tags["scalars"])
+    for tag, key in (("accuracy/personalized", "personalized_acc"), ("accuracy/personalized_p10", "personalized_acc_p10"),
+                     ("train/loss", "train_loss"), ("accuracy/global", "global_acc")):  # fmt: skip
+        got = [(e.step, e.value) for e in acc.Scalars(tag)]
+        assert [s for s, _ in got] == [r["round"] for r in rows] == [2, 4]
+        assert [v for _, v in got] == pytest.approx([r[key] for r in rows], rel=1e-6)
+    assert {"clients/accuracy", "classes/accuracy"} <= set(tags["histograms"])
+    assert acc.Histograms("clients/accuracy")[-1].histogram_value.num == len(rows[-1]["per_client_acc"])
+    texts = {t for t in tags["tensors"]}
+    assert any(t.startswith("config") for t in texts) and any(t.startswith("classes") for t in texts)
+    # elsewhere, and from a run without a folder
+    fedtail.run(algorithm="fedavg", out=None, log=[f"tensorboard:{tmp_path / 'tb'}"], **TINY)
+    assert events(tmp_path / "tb").Scalars("accuracy/personalized")[-1].step == 4
+
+
+def test_a_resumed_run_continues_one_log(tmp_path):
+    config = tiny_config(rounds=5, checkpoint_every=2, log=["tensorboard"])
+    out = tmp_path / "cut"
+
+    class Stop(Exception):
+        pass
+
+    def stop(rnd, row):
+        if rnd == 3:
+            raise Stop
+
+    with pytest.raises(Stop):
+        run_to_folder(config, out, [OnRound(stop)])  # checkpoint after round 2, stopped after round 3
+    run_to_folder(config, out, resume=None)
+    rows = rows_of(out)
+    got = [(e.step, e.value) for e in events(out / "tensorboard").Scalars("accuracy/personalized")]
+    assert [s for s, _ in got] == [r["round"] for r in rows] == [1, 2, 3, 4, 5]  # round 3 once, from the resumed run
+    assert [v for _, v in got] == pytest.approx([r["personalized_acc"] for r in rows], rel=1e-6)
+
+
+def test_bad_log_settings_are_clear_errors_and_sweeps_ignore_the_setting(tmp_path, monkeypatch):
+    with pytest.raises(ConfigError, match="unknown kind 'wandb'"):
+        fedtail.run(algorithm="fedavg", out=None, log=["wandb"], **TINY)
+    with pytest.raises(ConfigError, match="without an out folder needs --log tensorboard:DIR"):
+        fedtail.run(algorithm="fedavg", out=None, log=["tensorboard"], **TINY)
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # as if the package were missing
+    with pytest.raises(ConfigError, match="pip install tensorboard"):
+        fedtail.run(algorithm="fedavg", out=tmp_path / "x", log=["tensorboard"], **TINY)
+    assert not (tmp_path / "x").exists()  # nothing written
+    plain = tiny_config().model_dump(mode="json")
+    assert "log" not in plain  # left out of config.json when unset
+    assert config_diff(plain, tiny_config(log=["tensorboard"]).model_dump(mode="json")) == []
