@@ -181,3 +181,42 @@ def test_the_cli_reference_is_current():
     committed = (Path(__file__).parent.parent / "docs" / "cli.md").read_text()
     assert committed == reference(), "docs/cli.md is stale: run `make cli-doc`"
     assert "| `--clients` | `20` |" in committed and "## `fedtail runs`" in committed
+
+
+def test_a_setting_declared_on_its_field_gets_its_flag_help_and_config_json_rule():
+    """One declaration (fedtail.settings): the flag, its help and panel, the flag map, the
+    left-out-at-default rule of config.json and the sweep's ignore list all derive from it."""
+    import typer
+    from pydantic import Field
+    from typer.testing import CliRunner
+
+    from fedtail.cli.options import with_setting_options
+    from fedtail.config import RunConfig
+    from fedtail.settings import flag_keys, setting, settings
+
+    class Extended(RunConfig):
+        gizmo_count: int = Field(3, ge=1, json_schema_extra=setting(
+            "gizmos per round", flag="gizmos", panel="Rounds and evaluation", omit_default=True, sweep_ignores=True))
+
+    item = next(s for s in settings(Extended) if s.path == ("gizmo_count",))
+    assert (item.flag, item.default, item.help, item.sweep_ignores) == ("--gizmos", 3, "gizmos per round", True)
+    assert flag_keys(Extended)["gizmos"] == ("gizmo_count",) and "gizmos" not in flag_keys(RunConfig)
+    assert flag_keys(Extended)["clients"] == ("partition", "num_clients")  # nested models are walked
+    # config.json: left out at its default, written and read back otherwise
+    assert "gizmo_count" not in Extended().model_dump(mode="json")
+    stored = Extended(gizmo_count=5).model_dump(mode="json")
+    assert stored["gizmo_count"] == 5 and Extended.model_validate(stored).gizmo_count == 5
+    # the command line: the flag, its help in its panel, the value passed on
+    app = typer.Typer()
+    seen = {}
+
+    @app.command()
+    @with_setting_options("run", Extended)
+    def go(*, out: str = typer.Option("x"), **given):
+        seen.update(given)
+
+    runner = CliRunner()
+    shown = runner.invoke(app, ["--help"], env={"COLUMNS": "200"})
+    assert "--gizmos" in shown.output and "gizmos per round" in shown.output and "Rounds and evaluation" in shown.output
+    assert runner.invoke(app, ["--gizmos", "7", "--clients", "4"]).exit_code == 0
+    assert seen["gizmos"] == 7 and seen["clients"] == 4 and seen["rounds"] is None

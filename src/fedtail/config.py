@@ -7,6 +7,7 @@ fully resolved dump, and ``RunConfig.model_validate(json)`` rebuilds the run. Co
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import tomllib
@@ -28,6 +29,7 @@ from pydantic import (
 from fedtail.errors import ConfigError, FedtailError
 from fedtail.partition import PartitionConfig
 from fedtail.schedule import RoundPlan
+from fedtail.settings import flag_keys, setting, settings
 
 
 CHECKPOINT_EVERY = 25  # default rounds between checkpoints (see RunConfig.checkpoint_every)
@@ -42,16 +44,17 @@ class TrainConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    local_epochs: int = Field(1, ge=1, description="--local-epochs")
+    local_epochs: int = Field(1, ge=1, json_schema_extra=setting('local epochs per round', panel='Local training'))
+    # a fixed number of SGD steps (batches) per round instead of epochs
     local_steps: int | None = Field(
-        None, ge=1, description="--local-steps: a fixed number of SGD steps (batches) per round instead of epochs"
+        None, ge=1, json_schema_extra=setting('local SGD steps per round (instead of epochs)', panel='Local training')
     )
-    batch_size: int = Field(64, ge=1, description="--batch-size")
-    lr: float = Field(0.01, gt=0, description="--lr")
-    momentum: float = Field(0.0, ge=0, lt=1, description="--momentum")
-    weight_decay: float = Field(0.0, ge=0, description="--weight-decay")
-    lr_decay: float = Field(1.0, gt=0, le=1, description="--lr-decay: lr multiplier applied per round")
-    grad_clip: float | None = Field(None, gt=0, description="--grad-clip: max gradient norm")
+    batch_size: int = Field(64, ge=1, json_schema_extra=setting('batch size', panel='Local training'))
+    lr: float = Field(0.01, gt=0, json_schema_extra=setting('learning rate', panel='Local training'))
+    momentum: float = Field(0.0, ge=0, lt=1, json_schema_extra=setting("SGD momentum (default: the algorithm's reference)", panel='Local training'))
+    weight_decay: float = Field(0.0, ge=0, json_schema_extra=setting('SGD weight decay', panel='Local training'))
+    lr_decay: float = Field(1.0, gt=0, le=1, json_schema_extra=setting('lr multiplier per round', panel='Local training'))
+    grad_clip: float | None = Field(None, gt=0, json_schema_extra=setting("max gradient norm (default: the algorithm's reference; --set train.grad_clip=null: none)", panel='Local training'))
 
     def lr_at(self, rnd: int) -> float:
         """Learning rate of round ``rnd`` (1-based)."""
@@ -69,18 +72,19 @@ class FaultConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     dropout: float = Field(
-        0.0, ge=0, le=1, description="--dropout: probability that a sampled client fails to reply in a round (seeded)"
+        0.0, ge=0, le=1, json_schema_extra=setting('probability that a sampled client fails to reply in a round', panel='Faults')
     )
     min_replies: int = Field(
-        1, ge=1, description="--min-replies: fewer accepted replies in an exchange skip the round (server state unchanged)"
+        1, ge=1, json_schema_extra=setting('an exchange with fewer accepted replies skips the round (server state unchanged; default 1)', panel='Faults')
     )
     max_update_norm: float | None = Field(
-        None, gt=0, description="--max-update-norm: reject a reply whose tensors lie farther (L2) from those sent"
+        None, gt=0, json_schema_extra=setting('reject replies whose tensors lie farther (L2) than this from those sent', panel='Faults')
     )
+    # a NaN/inf loss or value in a reply stops the run as diverged (stop) or only rejects that
+    # reply (reject: for deployments with faulty clients)
     on_nonfinite: Literal["stop", "reject"] = Field(
         "stop",
-        description="--on-nonfinite: a NaN/inf loss or value in a reply stops the run as diverged (stop) "
-        "or only rejects that reply (reject: for deployments with faulty clients)",
+        json_schema_extra=setting('stop (default: the run ends as diverged, exit 3) | reject (only that reply is rejected)', panel='Faults')
     )
 
 
@@ -89,86 +93,93 @@ class RunConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    algorithm: str = "fedavg"
-    dataset: str = "fmnist"
+    algorithm: str = Field("fedavg", json_schema_extra=setting('algorithm name (see `fedtail list`)', panel='Algorithm, data and model', short='-a'))
+    dataset: str = Field("fmnist", json_schema_extra=setting('dataset name', panel='Algorithm, data and model', commands=('run', 'partition')))
     dataset_options: dict[str, Any] = Field(default_factory=dict)
-    data_dir: str | None = None
-    model: str = "cnn-fmnist"
+    data_dir: str | None = Field(None, json_schema_extra=setting('folder with the dataset files', panel='Algorithm, data and model', commands=('run', 'partition')))
+    model: str = Field("cnn-fmnist", json_schema_extra=setting('model name', panel='Algorithm, data and model'))
+    # where the model's head (classifier) starts: 'last' (the last linear layer) or 'all-fc'
+    # (every fully connected layer after the feature extractor); null: the model's own split. Runs
+    # built from flags or files get their algorithm's reference split unless they set it
     head: Literal["last", "all-fc"] | None = Field(
         None,
-        description="--head: where the model's head (classifier) starts: 'last' (the last linear layer) or "
-        "'all-fc' (every fully connected layer after the feature extractor); null: the model's own split. "
-        "Runs built from flags or files get their algorithm's reference split unless they set it",
+        json_schema_extra=setting("last | all-fc: where the model's head starts (default: the algorithm's reference split)", panel='Algorithm, data and model', omit_default=True)
     )
     partition: PartitionConfig = Field(default_factory=PartitionConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     options: dict[str, Any] = Field(default_factory=dict, description="algorithm options (--set)")
-    fraction: float = Field(0.2, description="--fraction of clients sampled per round")
-    rounds: int = Field(10, ge=1)
+    fraction: float = Field(0.2, json_schema_extra=setting('fraction of clients per round, in (0, 1]', panel='Rounds and evaluation'))
+    rounds: int = Field(10, ge=1, json_schema_extra=setting('communication rounds', panel='Rounds and evaluation'))
+    # rounds of each stage task with --partition stages (default rounds / stages; rounds must
+    # equal rounds_per_stage × stages)
     rounds_per_stage: int | None = Field(
         None,
         ge=1,
-        description="--rounds-per-stage: rounds of each stage task with --partition stages "
-        "(default rounds / stages; rounds must equal rounds_per_stage × stages)",
+        json_schema_extra=setting('stages, blocks schedule: rounds of each stage task (default rounds / stages; rounds = this × stages)', panel='Rounds and evaluation', omit_default=True)
     )
+    # nested (default: every round of global optimisation runs the M stage tasks in turn, one
+    # communication round each, as the GLDP paper's Algorithm 1) or blocks (M consecutive blocks
+    # of rounds, one stage task each)
     stage_schedule: Literal["nested", "blocks"] | None = Field(
         None,
-        description="--stage-schedule with --partition stages: nested (default: every round of global "
-        "optimisation runs the M stage tasks in turn, one communication round each, as the GLDP paper's "
-        "Algorithm 1) or blocks (M consecutive blocks of rounds, one stage task each)",
+        json_schema_extra=setting('stages: nested (default: each round of global optimisation trains the stage tasks in turn, a round each) | blocks (consecutive blocks of rounds, one stage task each)', panel='Rounds and evaluation', omit_default=True)
     )
-    seed: int = Field(0, ge=0)
-    workers: int = Field(1, ge=1, description="--workers: client-training processes")
-    threads: int = Field(1, ge=1, description="--threads: intra-op threads per client computation")
+    seed: int = Field(0, ge=0, json_schema_extra=setting('random seed', panel='Reproducibility and compute', commands=('run', 'partition')))
+    workers: int = Field(1, ge=1, json_schema_extra=setting('client-training processes (results do not depend on it)', panel='Reproducibility and compute', sweep_ignores=True))
+    threads: int = Field(1, ge=1, json_schema_extra=setting('intra-op threads per client computation', panel='Reproducibility and compute'))
+    # auto (the first CUDA device when torch sees one, else the CPU), cpu, cuda, cuda:N; results
+    # do not depend on it beyond float rounding (fedtail.engine.device)
     device: str = Field(
         "auto",
-        description="--device: auto (the first CUDA device when torch sees one, else the CPU), cpu, cuda, "
-        "cuda:N; results do not depend on it beyond float rounding (fedtail.engine.device)",
+        json_schema_extra=setting('auto (default: the first CUDA GPU torch sees, else the CPU) | cpu | cuda | cuda:N (results do not depend on it beyond float rounding)', panel='Reproducibility and compute', omit_default=True, sweep_ignores=True)
     )
     deterministic: bool = Field(
         True,
         description="deterministic CUDA kernels (same seed, same GPU model: same results); false trades "
-        "that for speed; the CPU is deterministic either way",
+        "that for speed; the CPU is deterministic either way", json_schema_extra=setting(omit_default=True, sweep_ignores=True)
     )
     channels_last: bool = Field(
         True, description="channels-last weights and images: faster CNN steps on CPU; changes float rounding"
     )
-    eval_every: int = Field(1, ge=1)
+    eval_every: int = Field(1, ge=1, json_schema_extra=setting('evaluate every k rounds (and at the last)', panel='Rounds and evaluation'))
+    # also evaluate every round (of global optimisation) among the final N, so the mean over the
+    # final 10 rounds holds 10 evaluations whatever eval_every is (null: eval_every alone)
     eval_final: int | None = Field(
         None,
         ge=1,
-        description="also evaluate every round (of global optimisation) among the final N, so the mean over "
-        "the final 10 rounds holds 10 evaluations whatever eval_every is (null: eval_every alone)",
+        json_schema_extra=setting('also evaluate each of the final N rounds (e.g. 10 for last-10 means)', panel='Rounds and evaluation', omit_default=True)
     )
-    eval_split: Literal["test", "val"] = "test"
+    eval_split: Literal["test", "val"] = Field("test", json_schema_extra=setting('test | val: which local split evaluations use', panel='Rounds and evaluation'))
     eval_global: bool = True
     targets: list[float] = Field(default_factory=lambda: [0.5, 0.6, 0.7, 0.8, 0.9])
     edges: int = Field(1, ge=1, description="number of edge servers (hierarchical algorithms)")
     edge_assignment: Literal["contiguous", "round-robin", "random"] = "round-robin"
-    faults: FaultConfig = Field(default_factory=FaultConfig)
+    faults: FaultConfig = Field(default_factory=FaultConfig, json_schema_extra=setting(omit_default=True))
+    # write the run's state to checkpoint.pt every N rounds (0: never), so a stopped run resumes
+    # there; does not change results
     checkpoint_every: int = Field(
         CHECKPOINT_EVERY,
         ge=0,
-        description="--checkpoint-every: write the run's state to checkpoint.pt every N rounds (0: never), "
-        "so a stopped run resumes there; does not change results",
+        json_schema_extra=setting("write the run's state to OUT/checkpoint.pt every N rounds (0: never; default 25)", panel='Reproducibility and compute', omit_default=True, sweep_ignores=True)
     )
+    # where the simulator keeps the clients' persistent state between rounds: memory, or disk (one
+    # file per client in the run folder, loaded when the client is served; bounds memory with many
+    # clients holding personal models); does not change results
     client_state: Literal["memory", "disk"] = Field(
         "memory",
-        description="--client-state: where the simulator keeps the clients' persistent state between rounds: "
-        "memory, or disk (one file per client in the run folder, loaded when the client is served; bounds "
-        "memory with many clients holding personal models); does not change results",
+        json_schema_extra=setting("memory (default) | disk: keep the clients' state between rounds in one file per client under OUT/.client-state (removed at the end) instead of in memory; results are the same", panel='Reproducibility and compute', omit_default=True, sweep_ignores=True)
     )
+    # DIR] (repeatable): experiment tracking besides the run folder, each evaluation's metrics as
+    # TensorBoard scalars (default DIR: OUT/tensorboard; fedtail.tracking); does not change
+    # results
     log: list[str] = Field(
         default_factory=list,
-        description="--log tensorboard[:DIR] (repeatable): experiment tracking besides the run folder, "
-        "each evaluation's metrics as TensorBoard scalars (default DIR: OUT/tensorboard; fedtail.tracking); "
-        "does not change results",
+        json_schema_extra=setting("tensorboard[:DIR] (repeatable): each evaluation's metrics as TensorBoard scalars too (default DIR: OUT/tensorboard); needs pip install tensorboard", panel='Logging', omit_default=True, sweep_ignores=True)
     )
     log_clustering_every: int = Field(
         LOG_CLUSTERING_EVERY,
         ge=1,
-        description="--log-clustering-every: the clustered methods' full clustering record (assignment and "
-        "PCA view) every N rounds and at the last, only the number of clusters in between; does not change results",
+        json_schema_extra=setting('clustered methods: the full clustering record (assignment, PCA view) in metrics.jsonl every N rounds and at the last (default 25); the other rounds log the number of clusters', panel='Logging', omit_default=True, sweep_ignores=True)
     )
 
     @field_validator("log")
@@ -268,30 +279,11 @@ class RunConfig(BaseModel):
     @model_serializer(mode="wrap")
     def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         data = handler(self)
-        # Left out when unset, so config.json of runs without stages (and the sweep folders
-        # holding them) stays as it was before the option existed.
-        if self.rounds_per_stage is None:
-            data.pop("rounds_per_stage", None)
-        if self.stage_schedule is None:  # likewise
-            data.pop("stage_schedule", None)
-        if self.checkpoint_every == CHECKPOINT_EVERY:  # likewise: the default leaves config.json as it was
-            data.pop("checkpoint_every", None)
-        if self.faults == FaultConfig():  # likewise
-            data.pop("faults", None)
-        if self.log_clustering_every == LOG_CLUSTERING_EVERY:  # likewise
-            data.pop("log_clustering_every", None)
-        if self.client_state == "memory":  # likewise
-            data.pop("client_state", None)
-        if not self.log:  # likewise
-            data.pop("log", None)
-        if self.head is None:  # likewise: the model's own split, what every run used before
-            data.pop("head", None)
-        if self.eval_final is None:  # likewise
-            data.pop("eval_final", None)
-        if self.device == "auto":  # likewise
-            data.pop("device", None)
-        if self.deterministic:  # likewise
-            data.pop("deterministic", None)
+        # Settings declared omit_default are left out at their default, so config.json of runs made
+        # before a setting existed (and the sweep folders holding them) stays as it was.
+        for item in omitted(type(self)):
+            if getattr(self, item.path[0]) == item.default:
+                data.pop(item.path[0], None)
         return data
 
     @property
@@ -400,57 +392,15 @@ def load_toml(path: Path, what: str = "--config") -> dict[str, Any]:
         raise ConfigError(f"{what} {path}: not valid TOML ({err})") from None
 
 
-# Flag name -> location in the raw config dict. Flags left unset do not override the file.
-FLAG_KEYS: dict[str, tuple[str, ...]] = {
-    "algorithm": ("algorithm",),
-    "dataset": ("dataset",),
-    "data_dir": ("data_dir",),
-    "model": ("model",),
-    "head": ("head",),
-    "partition": ("partition", "scheme"),
-    "imbalance": ("partition", "imbalance"),
-    "alpha": ("partition", "alpha"),
-    "clients": ("partition", "num_clients"),
-    "min_samples": ("partition", "min_samples"),
-    "balanced": ("partition", "balanced"),
-    "classes_per_client": ("partition", "classes_per_client"),
-    "iid_fraction": ("partition", "iid_fraction"),
-    "samples_per_client": ("partition", "samples_per_client"),
-    "groups": ("partition", "groups"),
-    "quantity": ("partition", "quantity"),
-    "classes_per_stage": ("partition", "classes_per_stage"),
-    "stages": ("partition", "stages"),
-    "test_fraction": ("partition", "test_fraction"),
-    "local_test": ("partition", "local_test"),
-    "val_fraction": ("partition", "val_fraction"),
-    "fraction": ("fraction",),
-    "rounds": ("rounds",),
-    "rounds_per_stage": ("rounds_per_stage",),
-    "stage_schedule": ("stage_schedule",),
-    "local_epochs": ("train", "local_epochs"),
-    "local_steps": ("train", "local_steps"),
-    "batch_size": ("train", "batch_size"),
-    "lr": ("train", "lr"),
-    "momentum": ("train", "momentum"),
-    "weight_decay": ("train", "weight_decay"),
-    "lr_decay": ("train", "lr_decay"),
-    "grad_clip": ("train", "grad_clip"),
-    "seed": ("seed",),
-    "workers": ("workers",),
-    "threads": ("threads",),
-    "device": ("device",),
-    "eval_every": ("eval_every",),
-    "eval_final": ("eval_final",),
-    "eval_split": ("eval_split",),
-    "checkpoint_every": ("checkpoint_every",),
-    "dropout": ("faults", "dropout"),
-    "min_replies": ("faults", "min_replies"),
-    "max_update_norm": ("faults", "max_update_norm"),
-    "on_nonfinite": ("faults", "on_nonfinite"),
-    "log_clustering_every": ("log_clustering_every",),
-    "client_state": ("client_state",),
-    "log": ("log",),
-}
+@functools.cache
+def omitted(model: type) -> list:
+    """The top-level settings config.json leaves out at their default (RunConfig._dump)."""
+    return [s for s in settings(model) if s.omit_default and len(s.path) == 1]
+
+
+# Flag name -> location in the raw config dict, from the fields' settings (fedtail.settings).
+# Flags left unset do not override the file.
+FLAG_KEYS: dict[str, tuple[str, ...]] = flag_keys(RunConfig)
 
 
 def _parse_quantity(text: str) -> list[int]:

@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+from fedtail.cli.options import with_setting_options
 from fedtail.config import FLAG_KEYS, flags_to_nested
 from fedtail.errors import FedtailError, RunDiverged
 
@@ -92,87 +93,9 @@ def execute_run(config, out: Path, resume: bool | None = False) -> dict[str, Any
 
 
 @app.command()
+@with_setting_options("run")
 def run(
-    algorithm: Optional[str] = typer.Option(None, "--algorithm", "-a", help="algorithm name (see `fedtail list`)"),
-    dataset: Optional[str] = typer.Option(None, help="dataset name"),
-    model: Optional[str] = typer.Option(None, help="model name"),
-    head: Optional[str] = typer.Option(
-        None, help="last | all-fc: where the model's head starts (default: the algorithm's reference split)"
-    ),
-    partition: Optional[str] = typer.Option(None, help="iid | dirichlet | pathological | dominant | stages | natural"),
-    imbalance: Optional[float] = typer.Option(None, help="long-tail imbalance factor IF >= 1"),
-    alpha: Optional[float] = typer.Option(None, help="Dirichlet concentration > 0"),
-    clients: Optional[int] = typer.Option(None, help="number of clients (--partition natural: as many as the data holds)"),
-    min_samples: Optional[int] = typer.Option(None, help="Dirichlet: minimum samples per client"),
-    balanced: Optional[bool] = typer.Option(None, "--balanced/--no-balanced", help="Dirichlet: CReFF equal-size re-cut"),
-    classes_per_client: Optional[int] = typer.Option(None, help="pathological: classes per client"),
-    iid_fraction: Optional[float] = typer.Option(None, help="dominant: IID fraction s"),
-    samples_per_client: Optional[int] = typer.Option(None, help="dominant: training samples per client"),
-    groups: Optional[int] = typer.Option(None, help="dominant: number of label groups"),
-    quantity: Optional[str] = typer.Option(None, help="per-client sample counts MIN:MAX"),
-    classes_per_stage: Optional[int] = typer.Option(None, help="stages: classes per stage task"),
-    stages: Optional[int] = typer.Option(None, help="stages: stage tasks per client"),
-    test_fraction: Optional[float] = typer.Option(None, help="local test size / training size"),
-    local_test: Optional[str] = typer.Option(None, help="sampled (from the official test split) | holdout | own (natural partitions: the client's own test rows)"),
-    val_fraction: Optional[float] = typer.Option(None, help="per-client validation fraction"),
-    fraction: Optional[float] = typer.Option(None, help="fraction of clients per round, in (0, 1]"),
-    rounds: Optional[int] = typer.Option(None, help="communication rounds"),
-    rounds_per_stage: Optional[int] = typer.Option(
-        None, help="stages, blocks schedule: rounds of each stage task (default rounds / stages; rounds = this × stages)"
-    ),
-    stage_schedule: Optional[str] = typer.Option(
-        None,
-        help="stages: nested (default: each round of global optimisation trains the stage tasks in turn, "
-        "a round each) | blocks (consecutive blocks of rounds, one stage task each)",
-    ),
-    local_epochs: Optional[int] = typer.Option(None, help="local epochs per round"),
-    local_steps: Optional[int] = typer.Option(None, help="local SGD steps per round (instead of epochs)"),
-    batch_size: Optional[int] = typer.Option(None, help="batch size"),
-    lr: Optional[float] = typer.Option(None, help="learning rate"),
-    momentum: Optional[float] = typer.Option(None, help="SGD momentum (default: the algorithm's reference)"),
-    weight_decay: Optional[float] = typer.Option(None, help="SGD weight decay"),
-    lr_decay: Optional[float] = typer.Option(None, help="lr multiplier per round"),
-    grad_clip: Optional[float] = typer.Option(
-        None, help="max gradient norm (default: the algorithm's reference; --set train.grad_clip=null: none)"
-    ),
-    seed: Optional[int] = typer.Option(None, help="random seed"),
-    workers: Optional[int] = typer.Option(None, help="client-training processes (results do not depend on it)"),
-    threads: Optional[int] = typer.Option(None, help="intra-op threads per client computation"),
-    device: Optional[str] = typer.Option(
-        None, help="auto (default: the first CUDA GPU torch sees, else the CPU) | cpu | cuda | cuda:N "
-        "(results do not depend on it beyond float rounding)"
-    ),
-    eval_every: Optional[int] = typer.Option(None, help="evaluate every k rounds (and at the last)"),
-    eval_final: Optional[int] = typer.Option(None, help="also evaluate each of the final N rounds (e.g. 10 for last-10 means)"),
-    eval_split: Optional[str] = typer.Option(None, help="test | val: which local split evaluations use"),
-    checkpoint_every: Optional[int] = typer.Option(
-        None, help="write the run's state to OUT/checkpoint.pt every N rounds (0: never; default 25)"
-    ),
-    dropout: Optional[float] = typer.Option(None, help="probability that a sampled client fails to reply in a round"),
-    min_replies: Optional[int] = typer.Option(
-        None, help="an exchange with fewer accepted replies skips the round (server state unchanged; default 1)"
-    ),
-    max_update_norm: Optional[float] = typer.Option(
-        None, help="reject replies whose tensors lie farther (L2) than this from those sent"
-    ),
-    on_nonfinite: Optional[str] = typer.Option(
-        None, help="stop (default: the run ends as diverged, exit 3) | reject (only that reply is rejected)"
-    ),
-    log_clustering_every: Optional[int] = typer.Option(
-        None,
-        help="clustered methods: the full clustering record (assignment, PCA view) in metrics.jsonl every N "
-        "rounds and at the last (default 25); the other rounds log the number of clusters",
-    ),
-    client_state: Optional[str] = typer.Option(
-        None,
-        help="memory (default) | disk: keep the clients' state between rounds in one file per client under "
-        "OUT/.client-state (removed at the end) instead of in memory; results are the same",
-    ),
-    log: Optional[list[str]] = typer.Option(
-        None, "--log", help="tensorboard[:DIR] (repeatable): each evaluation's metrics as TensorBoard scalars too "
-        "(default DIR: OUT/tensorboard); needs pip install tensorboard",
-    ),
-    data_dir: Optional[str] = typer.Option(None, help="folder with the dataset files"),
+    *,
     set_: list[str] = typer.Option([], "--set", help="KEY=VALUE, e.g. fedprox.mu=0.01 or partition.min_samples=20"),
     config_file: Optional[Path] = typer.Option(None, "--config", help="TOML file with the same keys"),
     out: Path = typer.Option(..., "--out", help="run folder to write"),
@@ -183,6 +106,7 @@ def run(
         help="continue the stopped run in --out from its checkpoint, with --out's config.json as the config "
         "(flags that change results are refused); a checkpoint of the same config is resumed even without it",
     ),
+    **settings: Any,
 ) -> None:
     """Run one experiment and write config.json, metrics.jsonl and summary.json to --out."""
     from fedtail.config import merge
@@ -190,7 +114,7 @@ def run(
     from fedtail.report import is_finished
     from fedtail.runner import checkpoint_diffs
 
-    flags = {k: v for k, v in locals().items() if k in FLAG_KEYS}
+    flags = {k: v for k, v in settings.items() if k in FLAG_KEYS}
     try:
         if resume and overwrite:
             raise FedtailError("--resume continues the run in --out and --overwrite replaces it: choose one")
@@ -546,36 +470,20 @@ def list_components() -> None:
 
 
 @app.command("partition")
+@with_setting_options("partition")
 def partition_cmd(
-    dataset: Optional[str] = typer.Option(None, help="dataset name"),
-    partition: Optional[str] = typer.Option(None, help="iid | dirichlet | pathological | dominant | stages | natural"),
-    imbalance: Optional[float] = typer.Option(None),
-    alpha: Optional[float] = typer.Option(None),
-    clients: Optional[int] = typer.Option(None),
-    min_samples: Optional[int] = typer.Option(None),
-    balanced: Optional[bool] = typer.Option(None, "--balanced/--no-balanced"),
-    classes_per_client: Optional[int] = typer.Option(None),
-    iid_fraction: Optional[float] = typer.Option(None),
-    samples_per_client: Optional[int] = typer.Option(None),
-    groups: Optional[int] = typer.Option(None),
-    quantity: Optional[str] = typer.Option(None),
-    classes_per_stage: Optional[int] = typer.Option(None),
-    stages: Optional[int] = typer.Option(None),
-    test_fraction: Optional[float] = typer.Option(None),
-    local_test: Optional[str] = typer.Option(None),
-    val_fraction: Optional[float] = typer.Option(None),
-    seed: Optional[int] = typer.Option(None),
-    data_dir: Optional[str] = typer.Option(None),
+    *,
     set_: list[str] = typer.Option([], "--set", help="KEY=VALUE overrides"),
     config_file: Optional[Path] = typer.Option(None, "--config"),
     out: Path = typer.Option(..., "--out", help="JSON file to write; a PNG heatmap is written beside it"),
+    **settings: Any,
 ) -> None:
     """Cut a dataset into clients and write the per-client class counts (JSON + PNG heatmap)."""
     from fedtail.components import build_config
     from fedtail.engine import prepare
     from fedtail.partition import plot_heatmap
 
-    flags = {k: v for k, v in locals().items() if k in FLAG_KEYS}
+    flags = {k: v for k, v in settings.items() if k in FLAG_KEYS}
     try:
         config = build_config(raw_from_flags(flags, config_file), set_, rounds=False)
         _, part = prepare(config)

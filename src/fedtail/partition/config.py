@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import (
     BaseModel,
     ConfigDict,
+    Field,
     SerializerFunctionWrapHandler,
     field_validator,
     model_serializer,
@@ -14,28 +15,10 @@ from pydantic import (
 )
 
 from fedtail.errors import ConfigError
+from fedtail.settings import setting, settings
 
 SchemeName = Literal["iid", "dirichlet", "pathological", "dominant", "stages", "natural"]
 
-# Field -> command-line flag, so every message (and the CLI) uses the same spelling.
-FLAGS: dict[str, str] = {
-    "scheme": "--partition",
-    "num_clients": "--clients",
-    "imbalance": "--imbalance",
-    "alpha": "--alpha",
-    "min_samples": "--min-samples",
-    "balanced": "--balanced",
-    "classes_per_client": "--classes-per-client",
-    "iid_fraction": "--iid-fraction",
-    "samples_per_client": "--samples-per-client",
-    "groups": "--groups",
-    "quantity": "--quantity",
-    "classes_per_stage": "--classes-per-stage",
-    "stages": "--stages",
-    "test_fraction": "--test-fraction",
-    "local_test": "--local-test",
-    "val_fraction": "--val-fraction",
-}
 
 
 class PartitionConfig(BaseModel):
@@ -43,22 +26,22 @@ class PartitionConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    scheme: SchemeName = "dirichlet"
-    num_clients: int = 20
-    imbalance: float = 1.0
-    alpha: float = 0.5
-    min_samples: int = 10
-    balanced: bool = False
-    classes_per_client: int = 2
-    iid_fraction: float = 0.2
-    samples_per_client: int = 600
-    groups: int = 5
-    quantity: tuple[int, int] | None = None
-    classes_per_stage: int = 2
-    stages: int = 5
-    test_fraction: float = 0.25
-    local_test: Literal["sampled", "holdout", "own"] = "sampled"
-    val_fraction: float = 0.0
+    scheme: SchemeName = Field("dirichlet", json_schema_extra=setting('iid | dirichlet | pathological | dominant | stages | natural', flag='partition', panel='Partition', commands=('run', 'partition')))
+    num_clients: int = Field(20, json_schema_extra=setting('number of clients (--partition natural: as many as the data holds)', flag='clients', panel='Partition', commands=('run', 'partition')))
+    imbalance: float = Field(1.0, json_schema_extra=setting('long-tail imbalance factor IF >= 1', panel='Partition', commands=('run', 'partition')))
+    alpha: float = Field(0.5, json_schema_extra=setting('Dirichlet concentration > 0', panel='Partition', commands=('run', 'partition')))
+    min_samples: int = Field(10, json_schema_extra=setting('Dirichlet: minimum samples per client', panel='Partition', commands=('run', 'partition')))
+    balanced: bool = Field(False, json_schema_extra=setting('Dirichlet: CReFF equal-size re-cut', panel='Partition', commands=('run', 'partition')))
+    classes_per_client: int = Field(2, json_schema_extra=setting('pathological: classes per client', panel='Partition', commands=('run', 'partition')))
+    iid_fraction: float = Field(0.2, json_schema_extra=setting('dominant: IID fraction s', panel='Partition', commands=('run', 'partition')))
+    samples_per_client: int = Field(600, json_schema_extra=setting('dominant: training samples per client', panel='Partition', commands=('run', 'partition')))
+    groups: int = Field(5, json_schema_extra=setting('dominant: number of label groups', panel='Partition', commands=('run', 'partition')))
+    quantity: tuple[int, int] | None = Field(None, json_schema_extra=setting('per-client sample counts MIN:MAX', panel='Partition', commands=('run', 'partition')))
+    classes_per_stage: int = Field(2, json_schema_extra=setting('stages: classes per stage task', panel='Partition', commands=('run', 'partition')))
+    stages: int = Field(5, json_schema_extra=setting('stages: stage tasks per client', panel='Partition', commands=('run', 'partition')))
+    test_fraction: float = Field(0.25, json_schema_extra=setting('local test size / training size', panel='Partition', commands=('run', 'partition')))
+    local_test: Literal["sampled", "holdout", "own"] = Field("sampled", json_schema_extra=setting("sampled (from the official test split) | holdout | own (natural partitions: the client's own test rows)", panel='Partition', commands=('run', 'partition')))
+    val_fraction: float = Field(0.0, json_schema_extra=setting('per-client validation fraction', panel='Partition', commands=('run', 'partition')))
     # Server-held data (FEDIC): carved from the training split before the long-tail cut, so no
     # client ever holds these samples. 0 = none (the partition is then exactly as without them).
     server_samples_per_class: int = 0
@@ -172,3 +155,7 @@ class PartitionConfig(BaseModel):
             raise ConfigError(
                 f"--classes-per-stage must be in 1..{c}, since the classes of one stage task are distinct "
                 f"(got {self.classes_per_stage})")
+
+
+# Field -> command-line flag, so every message (and the CLI) uses the same spelling: from the fields.
+FLAGS: dict[str, str] = {s.path[-1]: s.flag for s in settings(PartitionConfig) if s.flag is not None}

@@ -15,10 +15,14 @@ import os
 from pathlib import Path
 from typing import Any
 
+from fedtail.config import RunConfig
+from fedtail.settings import settings
+
 CHECKPOINT = "checkpoint.pt"
 CHECKPOINT_INFO = "checkpoint.json"
-# config keys that do not change results (device, deterministic: beyond float rounding, see fedtail.engine.device)
-IGNORED_KEYS = ("workers", "checkpoint_every", "log_clustering_every", "client_state", "device", "deterministic", "log")
+# The settings that do not change results (declared sweep_ignores on their fields): a sweep and a
+# resume compare configs without them.
+IGNORED_KEYS = tuple(s.path[0] for s in settings(RunConfig) if s.sweep_ignores and len(s.path) == 1)
 
 
 def _clean(value: Any) -> Any:
