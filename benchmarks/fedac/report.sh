@@ -6,6 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 .venv/bin/fedtail report \
   --sweep benchmarks/fedac/table1_fmnist.toml \
+  --sweep benchmarks/fedac/table1_path3_k10_fmnist.toml \
   --sweep benchmarks/fedac/validation1000_fmnist.toml \
   --reference benchmarks/fedac/paper_cifar10.toml \
   --out benchmarks/fedac/RESULTS.md \
@@ -16,6 +17,16 @@ cd "$(dirname "$0")/../.."
   --out benchmarks/fedac/PROBE.md \
   --title "FedAC and baselines on Fashion-MNIST: 30-round cost probe" \
   --command "fedtail sweep benchmarks/fedac/probe_fmnist.toml"
+.venv/bin/fedtail report \
+  --sweep benchmarks/fedac/lam_validation_fmnist.toml \
+  --out benchmarks/fedac/LAM_VALIDATION.md \
+  --title "FedAC on Fashion-MNIST: lambda past the old grid, on validation data (issue 64)" \
+  --command "fedtail sweep benchmarks/fedac/lam_validation_fmnist.toml"
+.venv/bin/fedtail report \
+  --sweep benchmarks/fedac/path3_validation_fmnist.toml \
+  --out benchmarks/fedac/PATH3_VALIDATION.md \
+  --title "FedAC on Fashion-MNIST, 3 classes per client: fixed-K mu grid on validation data (issue 64)" \
+  --command "fedtail sweep benchmarks/fedac/path3_validation_fmnist.toml"
 .venv/bin/fedtail report \
   --sweep benchmarks/fedac/validation_fmnist.toml \
   --out benchmarks/fedac/VALIDATION.md \
