@@ -14,30 +14,11 @@ import typer.main
 
 
 def config_default(name: str | None) -> object:
-    """The run setting's default behind a flag of ``fedtail run`` (None: not a run setting, or none)."""
-    from pydantic import BaseModel
+    """The run setting's default behind a flag (None: not a run setting, or no default)."""
+    from fedtail.config import RunConfig
+    from fedtail.settings import settings
 
-    from fedtail.config import FLAG_KEYS, RunConfig
-
-    path = FLAG_KEYS.get(name or "")
-    if path is None:
-        return None
-    model: object = RunConfig
-    for key in path:
-        fields = getattr(model, "model_fields", {})
-        if key not in fields:
-            return None
-        field = fields[key]
-        if field.default_factory is not None:
-            value = field.default_factory()
-        else:
-            value = field.default
-        model = value if isinstance(value, BaseModel) else (field.annotation if key != path[-1] else None)
-        if key == path[-1]:
-            return value
-        if isinstance(value, BaseModel):
-            model = type(value)
-    return None
+    return next((s.default for s in settings(RunConfig) if s.name == name and name), None)
 
 
 def _default(param: click.Parameter) -> str:
