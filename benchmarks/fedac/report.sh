@@ -12,28 +12,14 @@ cd "$(dirname "$0")/../.."
   --out benchmarks/fedac/RESULTS.md \
   --title "FedAC and its Table 1 baselines on Fashion-MNIST" \
   --command "fedtail sweep benchmarks/fedac/table1_fmnist.toml"
-.venv/bin/fedtail report \
-  --sweep benchmarks/fedac/probe_fmnist.toml \
-  --out benchmarks/fedac/PROBE.md \
-  --title "FedAC and baselines on Fashion-MNIST: 30-round cost probe" \
-  --command "fedtail sweep benchmarks/fedac/probe_fmnist.toml"
-.venv/bin/fedtail report \
-  --sweep benchmarks/fedac/lam_validation_fmnist.toml \
-  --out benchmarks/fedac/LAM_VALIDATION.md \
-  --title "FedAC on Fashion-MNIST: lambda past the old grid, on validation data (issue 64)" \
-  --command "fedtail sweep benchmarks/fedac/lam_validation_fmnist.toml"
-.venv/bin/fedtail report \
-  --sweep benchmarks/fedac/path3_validation_fmnist.toml \
-  --out benchmarks/fedac/PATH3_VALIDATION.md \
-  --title "FedAC on Fashion-MNIST, 3 classes per client: fixed-K mu grid on validation data (issue 64)" \
-  --command "fedtail sweep benchmarks/fedac/path3_validation_fmnist.toml"
-.venv/bin/fedtail report \
-  --sweep benchmarks/fedac/validation_fmnist.toml \
-  --out benchmarks/fedac/VALIDATION.md \
-  --title "FedAC and baselines on Fashion-MNIST: validation runs for the open hyperparameters" \
-  --command "fedtail sweep benchmarks/fedac/validation_fmnist.toml"
-.venv/bin/fedtail report \
-  --sweep benchmarks/fedac/validation1000_fmnist.toml \
-  --out benchmarks/fedac/VALIDATION1000.md \
-  --title "FedAC and baselines on Fashion-MNIST: validation at the full 1000-round budget" \
-  --command "fedtail sweep benchmarks/fedac/validation1000_fmnist.toml"
+# one sweep file's own report: report FILE-STEM OUT-STEM TITLE
+report() {
+  .venv/bin/fedtail report --sweep "benchmarks/fedac/$1.toml" --out "benchmarks/fedac/$2.md" \
+    --title "$3" --command "fedtail sweep benchmarks/fedac/$1.toml"
+}
+report probe_fmnist PROBE "FedAC and baselines on Fashion-MNIST: 30-round cost probe"
+report lam_validation_fmnist LAM_VALIDATION "FedAC on Fashion-MNIST: lambda past the old grid, on validation data (issue 64)"
+report path3_validation_fmnist PATH3_VALIDATION \
+  "FedAC on Fashion-MNIST, 3 classes per client: fixed-K mu grid on validation data (issue 64)"
+report validation_fmnist VALIDATION "FedAC and baselines on Fashion-MNIST: validation runs for the open hyperparameters"
+report validation1000_fmnist VALIDATION1000 "FedAC and baselines on Fashion-MNIST: validation at the full 1000-round budget"
