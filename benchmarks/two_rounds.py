@@ -46,7 +46,7 @@ SPECIAL: dict[str, dict[str, Any]] = {
 CHEAP: dict[str, dict[str, Any]] = {
     "creff": {"options": {"retrain_epochs": 20}},
     "mupfl": {"options": {"num_features": 100}},
-    "fedbabu": {"options": {"finetune_epochs": 1}},
+    "fedbabu": {"finetune": {"epochs": 1}},
 }
 
 
@@ -54,6 +54,10 @@ CHEAP: dict[str, dict[str, Any]] = {
 # average pooling, batch statistics; a few steps, it is slow on a CPU).
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "fedavg@resnet8": ("fedavg", {"model": "resnet8", "train": {"local_steps": 5}}),
+    # fine-tuning before evaluation (RunConfig.finetune): the head alone; plain steps at α whatever
+    # the run's momentum and clipping
+    "fedbabu@head": ("fedbabu", {"finetune": {"params": "head"}}),
+    "perfedavg@alpha": ("perfedavg", {"options": {"alpha": 0.05}, "train": {"momentum": 0.9, "grad_clip": 1.0}}),
 }
 
 

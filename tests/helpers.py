@@ -130,6 +130,14 @@ def set_options(rt: ClientRuntime, config: RunConfig, **options) -> None:
     rt.options = algorithm_options(config.model_copy(update={"options": options}))
 
 
+def set_finetune(rt: ClientRuntime, **settings) -> None:
+    """Give the runner's evaluation tasks other fine-tuning settings (``RunConfig.finetune``)."""
+    from fedtail.config import FinetuneConfig
+
+    finetune = FinetuneConfig(**settings)
+    rt.finetune = finetune if finetune.active else None
+
+
 def fit(rt: ClientRuntime, cid: int, tensors: dict, state: dict | None = None) -> tuple[Message, dict]:
     result = rt.run(Task(cid, 1, 0, Message("fit", tensors), {} if state is None else state))
     return result.reply, result.state

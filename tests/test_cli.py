@@ -127,7 +127,7 @@ def test_list_names_everything():
     details = {line.split()[0] for line in lines if line.startswith(" ")}
     assert details == {"reference:", "head"}
     after = {lines[i - 1].split()[1]: line.strip() for i, line in enumerate(lines) if line.startswith(" ")}
-    assert after["fedbabu"] == "reference: PFLlib: head last, momentum 0, weight decay 0, grad clip none"
+    assert after["fedbabu"] == "reference: PFLlib: head last, momentum 0, weight decay 0, grad clip none, finetune epochs=5"
     assert after["fedrema"].endswith("head all-fc, momentum 0.9, weight decay 0, grad clip 10")
     assert 'beta=null, steps="pfllib"' in after["perfedavg"]
     assert after["cnn2fc"] == "head splits: all-fc (own) = 2 FC, last = 1 FC"

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from fedtail.algorithms import ALGORITHMS
+from fedtail.config import FinetuneConfig
 from fedtail.sweep.spec import load_sweep
 
 ROOT = Path(__file__).parent.parent
@@ -58,6 +59,11 @@ def overrides(path: Path) -> set[tuple[str, str, object]]:
         for key, value in options.items():
             if value != defaults[key]:
                 found.add((algorithm, key, value if not isinstance(value, list) else tuple(value)))
+        # the fine-tuning before evaluation, against the algorithm's reference (an engine setting)
+        reference = FinetuneConfig(**dict(ALGORITHMS[algorithm].reference.finetune)).model_dump()
+        for key, value in run.config.finetune.model_dump().items():
+            if value != reference[key]:
+                found.add((algorithm, f"finetune.{key}", value))
     return found
 
 
@@ -67,7 +73,7 @@ def doc_rows() -> dict[tuple[str, str], str]:
     for line in DOC.read_text().splitlines():
         m = re.match(r"\|\s*`([\w-]+)`\s*\|\s*(.+?)\s*\|", line)
         if m:
-            for option in re.findall(r"`(\w+)`", m.group(2)):
+            for option in re.findall(r"`([\w.]+)`", m.group(2)):
                 rows[(m.group(1), option)] = line
     return rows
 

@@ -22,7 +22,7 @@ from helpers import (
     run,
     run_cli,
     runtime,
-    set_options,
+    set_finetune,
     simulation,
 )
 
@@ -77,7 +77,8 @@ def test_server_averages_bodies_weighted_by_samples():
 
 
 def test_zero_finetune_epochs_evaluate_the_global_model():
-    config = tiny_config(algorithm="fedbabu", options={"finetune_epochs": 0})
+    config = tiny_config(algorithm="fedbabu", finetune={"epochs": 0})
+    assert not config.finetune.active
     rt = runtime(config)
     init = rt.workspace.init_weights
     body, _ = _split({k: v + 0.05 for k, v in init.items()}, rt.workspace.model())
@@ -87,7 +88,7 @@ def test_zero_finetune_epochs_evaluate_the_global_model():
         plain = _plain_evaluate(rt, cid, glob)
         assert torch.equal(scored.tensors["correct"], plain.tensors["correct"])
         assert scored.metrics["loss_sum"] == plain.metrics["loss_sum"]
-    set_options(rt, config, finetune_epochs=3)
+    set_finetune(rt, epochs=3)
     tuned = [evaluate(rt, cid, body, {}) for cid in range(3)]
     plain = [_plain_evaluate(rt, cid, glob) for cid in range(3)]
     assert any(not torch.equal(t.tensors["correct"], p.tensors["correct"]) for t, p in zip(tuned, plain))
@@ -110,7 +111,7 @@ def test_finetuning_is_deterministic_read_only_and_head_mode_keeps_the_body():
     assert first.metrics["loss_sum"] == again.metrics["loss_sum"]
     # "full" moves the body; "head" fine-tunes the head alone
     assert distance(_split(model.state_dict(), model)[0], body) > 1e-4
-    set_options(rt, config, finetune="head")
+    set_finetune(rt, epochs=5, params="head")
     head_only = evaluate(rt, 1, body, {})
     tuned_body, tuned_head = _split(model.state_dict(), model)
     assert_same(tuned_body, body)
@@ -119,8 +120,8 @@ def test_finetuning_is_deterministic_read_only_and_head_mode_keeps_the_body():
 
 
 def test_finetuning_improves_local_accuracy_and_leaves_training_alone():
-    plain_rows, plain = run(tiny_config(algorithm="fedbabu", rounds=4, options={"finetune_epochs": 0}))
-    tuned_rows, tuned = run(tiny_config(algorithm="fedbabu", rounds=4, options={"finetune_epochs": 5}))
+    plain_rows, plain = run(tiny_config(algorithm="fedbabu", rounds=4, finetune={"epochs": 0}))
+    tuned_rows, tuned = run(tiny_config(algorithm="fedbabu", rounds=4, finetune={"epochs": 5}))
     assert_same(tuned.server.body, plain.server.body)
     assert [r["global_acc"] for r in tuned_rows] == [r["global_acc"] for r in plain_rows]
     assert tuned_rows[-1]["personalized_acc"] > plain_rows[-1]["personalized_acc"] + 0.05
@@ -132,22 +133,40 @@ def test_finetuning_improves_local_accuracy_and_leaves_training_alone():
 @pytest.mark.parametrize(
     "assignment, needle",
     [
-        ("fedbabu.finetune_epochs=-1", "--set fedbabu.finetune_epochs: Input should be greater than or equal to 0"),
-        ("fedbabu.finetune=body", "--set fedbabu.finetune"),
-        ("fedbabu.head_lr=0.1", "unknown key; allowed: finetune, finetune_epochs"),
+        ("finetune.epochs=-1", "--finetune-epochs: Input should be greater than or equal to 0"),
+        ("finetune.params=body", "--finetune-params"),
+        ("fedbabu.head_lr=0.1", "unknown key; allowed: none"),
     ],
 )
-def test_bad_options_are_rejected(assignment, needle):
+def test_bad_settings_are_rejected(assignment, needle):
     assert_config_error("fedbabu", [assignment], needle)
 
 
-def test_defaults():
-    opts = algorithm_options(tiny_config(algorithm="fedbabu"))
-    assert opts.finetune_epochs == 5 and opts.finetune == "full"
+def test_reference_fine_tunes_five_epochs_of_the_whole_model():
+    config = tiny_config(algorithm="fedbabu")
+    assert (config.finetune.epochs, config.finetune.steps, config.finetune.params) == (5, None, "all")
+    assert config.finetune.optimizer == "run" and config.finetune.lr is None
+    assert config.model_dump(mode="json")["finetune"]["epochs"] == 5  # written into config.json
+
+
+def test_configs_stored_with_the_old_options_read_as_the_engine_setting():
+    """Runs stored when fine-tuning was FedBABU's options (finetune_epochs, finetune) load, resume
+    and compare equal to today's spelling of the same run (fedbabu.migrate)."""
+    from fedtail.components import resolved_options
+    from fedtail.config import RunConfig
+    from fedtail.report.runfiles import config_diff
+
+    today = tiny_config(algorithm="fedbabu", finetune={"epochs": 320, "params": "head"}).model_dump(mode="json")
+    old = {**{k: v for k, v in today.items() if k != "finetune"}, "options": {"finetune_epochs": 320, "finetune": "head"}}
+    assert RunConfig.model_validate(old).finetune == RunConfig.model_validate(today).finetune
+    assert config_diff(old, today) == []
+    assert resolved_options(old)["finetune"]["params"] == "head"
+    off = {**old, "options": {"finetune_epochs": 0, "finetune": "full"}}
+    assert not RunConfig.model_validate(off).finetune.active
 
 
 def test_runs_end_to_end(tmp_path):
-    result = run_cli(tmp_path, "fedbabu", "fedbabu.finetune=head")
+    result = run_cli(tmp_path, "fedbabu", "finetune.params=head")
     assert 1 / 5 < result.final["personalized_acc"] <= 1
     assert 1 / 5 < result.final["global_acc"] <= 1
 

@@ -21,6 +21,7 @@ from helpers import (
     fit,
     run_cli,
     runtime,
+    set_finetune,
     set_options,
     softmax_regression_grad,
 )
@@ -173,8 +174,9 @@ def _plain_evaluate(rt, cid: int, weights: dict) -> Message:
     return ClientHalf().evaluate(Message("evaluate", weights), ctx)
 
 
-def test_evaluation_adapts_with_eval_steps_sgd_steps_of_alpha():
-    config = tiny_config(algorithm="perfedavg", options={"eval_steps": 0})
+def test_evaluation_adapts_with_plain_sgd_steps_of_alpha():
+    config = tiny_config(algorithm="perfedavg", finetune={"steps": None})
+    assert not config.finetune.active
     rt = runtime(config)
     glob = {k: v + 0.02 for k, v in rt.workspace.init_weights.items()}
     for cid in range(3):  # no steps: the global model
@@ -182,7 +184,8 @@ def test_evaluation_adapts_with_eval_steps_sgd_steps_of_alpha():
         plain = _plain_evaluate(rt, cid, glob)
         assert torch.equal(scored.tensors["correct"], plain.tensors["correct"])
         assert scored.metrics["loss_sum"] == plain.metrics["loss_sum"]
-    set_options(rt, config, eval_steps=1, alpha=0.5)
+    set_finetune(rt, steps=1, optimizer="plain")
+    set_options(rt, config, alpha=0.5)
     cid = 4
     scored = evaluate(rt, cid, glob, {})
     # one step w − α∇f(w; B) on the first batch of the evaluation task's stream
@@ -210,9 +213,9 @@ def test_evaluation_adapts_with_eval_steps_sgd_steps_of_alpha():
         ("perfedavg.variant=so", "--set perfedavg.variant"),
         ("perfedavg.alpha=0", "--set perfedavg.alpha: Input should be greater than 0"),
         ("perfedavg.beta=-0.1", "--set perfedavg.beta: Input should be greater than 0"),
-        ("perfedavg.eval_steps=-1", "--set perfedavg.eval_steps: Input should be greater than or equal to 0"),
+        ("finetune.steps=0", "--finetune-steps: Input should be greater than or equal to 1"),
         ("perfedavg.steps=tau", "--set perfedavg.steps"),
-        ("perfedavg.delta=0.001", "unknown key; allowed: alpha, beta, eval_steps, steps, variant"),
+        ("perfedavg.delta=0.001", "unknown key; allowed: alpha, beta, steps, variant"),
     ],
 )
 def test_bad_options_are_rejected(assignment, needle):
@@ -222,16 +225,30 @@ def test_bad_options_are_rejected(assignment, needle):
 def test_defaults_and_reference_settings():
     # the option defaults: what a stored config without the keys means (runs before the reference)
     opts = PerFedAvgConfig()
-    assert (opts.variant, opts.alpha, opts.beta, opts.steps, opts.eval_steps) == ("fo", None, 0.001, "epochs", 1)
+    assert (opts.variant, opts.alpha, opts.beta, opts.steps) == ("fo", None, 0.001, "epochs")
     # a run built from flags or files gets PFLlib's β = lr and its step rule, written into its options
     config = tiny_config(algorithm="perfedavg")
     assert (config.options["beta"], config.options["steps"]) == (None, "pfllib")
     # the other options are written out with their defaults
-    assert config.model_dump(mode="json")["options"] == {"variant": "fo", "alpha": None, "beta": None, "steps": "pfllib", "eval_steps": 1}
+    assert config.model_dump(mode="json")["options"] == {"variant": "fo", "alpha": None, "beta": None, "steps": "pfllib"}
+    # and the adaptation before evaluation: one plain SGD step (the engine's fine-tuning)
+    assert (config.finetune.steps, config.finetune.optimizer, config.finetune.lr) == (1, "plain", None)
     assert (config.train.momentum, config.train.grad_clip) == (0.0, None)
     # the paper's β and the old step rule stay options; a set key is kept
     paper = algorithm_options(tiny_config(algorithm="perfedavg", options={"beta": 0.001, "steps": "epochs"}))
     assert (paper.beta, paper.steps) == (0.001, "epochs")
+
+
+def test_configs_stored_with_eval_steps_read_as_the_engine_setting():
+    from fedtail.config import RunConfig
+    from fedtail.report.runfiles import config_diff
+
+    today = tiny_config(algorithm="perfedavg").model_dump(mode="json")
+    old = {**{k: v for k, v in today.items() if k != "finetune"}, "options": {**today["options"], "eval_steps": 1}}
+    assert config_diff(old, today) == []
+    assert RunConfig.model_validate(old).finetune == RunConfig.model_validate(today).finetune
+    none = {**old, "options": {**today["options"], "eval_steps": 0}}
+    assert not RunConfig.model_validate(none).finetune.active
 
 
 @pytest.mark.parametrize("variant", ["fo", "hf"])

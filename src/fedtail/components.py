@@ -208,7 +208,7 @@ def apply_reference(raw: dict[str, Any]) -> None:
 
     The algorithm's :class:`~fedtail.algorithms.base.Reference` (how its reference code runs it)
     gives the head split (``head``; not for a plug-in model, whose split is its own), ``train.momentum``,
-    ``train.weight_decay``, ``train.grad_clip`` and any algorithm
+    ``train.weight_decay``, ``train.grad_clip``, the fine-tuning before evaluation (``finetune``) and any algorithm
     options whose reference value differs from the option's default; every other option gets its
     default. Keys the run sets, even to the fedtail default, are kept. The filled values become
     explicit in the config (and so in ``config.json``), so a stored config means the same whatever
@@ -226,6 +226,11 @@ def apply_reference(raw: dict[str, Any]) -> None:
         train.setdefault("momentum", ref.momentum)
         train.setdefault("weight_decay", ref.weight_decay)
         train.setdefault("grad_clip", ref.grad_clip)
+    if ref.finetune:
+        finetune = raw.setdefault("finetune", {})
+        if isinstance(finetune, dict):
+            for key, value in ref.finetune.items():
+                finetune.setdefault(key, value)
     options = raw.setdefault("options", {})
     if isinstance(options, dict):
         for key, value in ref.options.items():
@@ -257,6 +262,19 @@ def _complete(spec: Any, options: dict[str, Any]) -> dict[str, Any]:
     return {**full, **options}
 
 
+def migrate(config: Any) -> Any:
+    """A ``config.json`` dict stored by an older fedtail, in today's form: its algorithm's
+    ``migrate`` (e.g. FedBABU's fine-tuning options, now the engine's ``finetune``); anything
+    else (today's form, another algorithm, an unknown one) unchanged."""
+    if not isinstance(config, dict) or not isinstance(config.get("options", {}), dict):
+        return config
+    try:
+        spec = algorithm(str(config.get("algorithm", "fedavg")))
+    except ConfigError:
+        return config
+    return config if spec.migrate is None else spec.migrate(config)
+
+
 def resolved_options(config: dict[str, Any]) -> dict[str, Any]:
     """``config`` (a config.json dict) with its algorithm's options completed by the options'
     defaults; unchanged when the algorithm cannot be loaded.
@@ -268,6 +286,7 @@ def resolved_options(config: dict[str, Any]) -> dict[str, Any]:
     new option's default is the behaviour the code had before the option existed, so the default
     is what such a run ran with (docs/sweeps.md lists the defaults changed since, whose folders
     were given the values they ran with)."""
+    config = migrate(config)
     if not isinstance(config, dict) or not isinstance(config.get("options", {}), dict):
         return config
     try:

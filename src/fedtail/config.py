@@ -88,6 +88,48 @@ class FaultConfig(BaseModel):
     )
 
 
+class FinetuneConfig(BaseModel):
+    """Fine-tuning before personalised evaluation, one engine setting for every algorithm
+    (FL-bench's ``finetune_epoch``): at each evaluation every client trains the model it is scored
+    with on its own training data, then is scored. Nothing of it reaches the client's state or the
+    server; its batches come from the evaluation task's own random stream, so results do not depend
+    on how often one evaluates. The global model on the global test split is scored as it is.
+
+    The default (no fine-tuning) leaves every run as it was before this setting existed; FedBABU and
+    Per-FedAvg get theirs from their reference settings (``fedtail list``).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    epochs: int = Field(
+        0, ge=0, json_schema_extra=setting("epochs of local SGD on the evaluated model before each personalised evaluation (0: none; default: the algorithm's reference)", flag="finetune_epochs", panel="Rounds and evaluation")
+    )
+    steps: int | None = Field(
+        None, ge=1, json_schema_extra=setting("fine-tuning SGD steps (batches) instead of --finetune-epochs", flag="finetune_steps", panel="Rounds and evaluation")
+    )
+    params: Literal["all", "head"] = Field(
+        "all", json_schema_extra=setting("all | head: what fine-tuning trains (head: the body frozen)", flag="finetune_params", panel="Rounds and evaluation")
+    )
+    lr: float | None = Field(
+        None, gt=0, json_schema_extra=setting("fine-tuning learning rate (default: the run's lr at the evaluated round)", flag="finetune_lr", panel="Rounds and evaluation")
+    )
+    optimizer: Literal["run", "plain"] = Field(
+        "run", json_schema_extra=setting("run (the local update's SGD: momentum, weight decay, clipping) | plain (plain gradient steps)", flag="finetune_optimizer", panel="Rounds and evaluation")
+    )
+
+    @model_validator(mode="after")
+    def _one_length(self) -> "FinetuneConfig":
+        if self.steps is not None and self.epochs:
+            raise ValueError(
+                f"--finetune-steps {self.steps} and --finetune-epochs {self.epochs}: set one of them"
+            )
+        return self
+
+    @property
+    def active(self) -> bool:
+        return self.steps is not None or self.epochs > 0
+
+
 class RunConfig(BaseModel):
     """Everything that defines one run; the seed makes it exactly reproducible."""
 
@@ -155,6 +197,7 @@ class RunConfig(BaseModel):
     edges: int = Field(1, ge=1, description="number of edge servers (hierarchical algorithms)")
     edge_assignment: Literal["contiguous", "round-robin", "random"] = "round-robin"
     faults: FaultConfig = Field(default_factory=FaultConfig, json_schema_extra=setting(omit_default=True))
+    finetune: FinetuneConfig = Field(default_factory=FinetuneConfig, json_schema_extra=setting(omit_default=True))
     # write the run's state to checkpoint.pt every N rounds (0: never), so a stopped run resumes
     # there; does not change results
     checkpoint_every: int = Field(
@@ -190,6 +233,14 @@ class RunConfig(BaseModel):
         for spec in v:
             parse_log(spec)  # raises ValueError on an unknown kind
         return v
+
+    @model_validator(mode="before")
+    @classmethod
+    def _migrate(cls, data: Any) -> Any:
+        """A config stored by an older fedtail is read in today's form (fedtail.components.migrate)."""
+        from fedtail.components import migrate
+
+        return migrate(data)
 
     @model_validator(mode="before")
     @classmethod
@@ -316,6 +367,8 @@ def _flag_for(loc: tuple) -> str:
         return FLAGS[loc[1]]
     if len(loc) >= 2 and loc[0] in ("train", "faults") and loc[1] in (TrainConfig.model_fields | FaultConfig.model_fields):
         return "--" + str(loc[1]).replace("_", "-")
+    if len(loc) >= 2 and loc[0] == "finetune" and loc[1] in FinetuneConfig.model_fields:
+        return "--finetune-" + str(loc[1]).replace("_", "-")
     if len(loc) == 1 and loc[0] in RunConfig.model_fields:
         return "--" + str(loc[0]).replace("_", "-")
     return ".".join(str(p) for p in loc)
@@ -372,10 +425,10 @@ def apply_set(raw: dict[str, Any], assignment: str) -> None:
         return
     target = raw
     for part in parts[:-1]:
-        if part not in ("partition", "train", "faults", "dataset_options", "options"):
+        if part not in ("partition", "train", "faults", "finetune", "dataset_options", "options"):
             raise ConfigError(
-                f"--set {key}: unknown section {part!r}; use algo.KEY, partition.KEY, train.KEY, faults.KEY "
-                "or dataset_options.KEY"
+                f"--set {key}: unknown section {part!r}; use algo.KEY, partition.KEY, train.KEY, faults.KEY, "
+                "finetune.KEY or dataset_options.KEY"
             )
         target = target.setdefault(part, {})
     target[parts[-1]] = parse_value(value)

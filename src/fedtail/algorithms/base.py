@@ -213,8 +213,8 @@ class Reference:
     """How an algorithm's reference code runs it: the settings a run gets unless it sets them.
 
     ``fedtail.components.build_config`` fills a run's unset ``head``, ``train.momentum``,
-    ``train.weight_decay``, ``train.grad_clip`` and the ``options`` named here, and writes them
-    into ``config.json``;
+    ``train.weight_decay``, ``train.grad_clip``, the ``options`` and the ``finetune`` settings
+    (fine-tuning before evaluation) named here, and writes them into ``config.json``;
     a stored config is read literally. The defaults (the model's own split, plain SGD without
     clipping, the option defaults) leave a run's config as it was before references existed.
     """
@@ -225,6 +225,7 @@ class Reference:
     weight_decay: float = 0.0
     grad_clip: float | None = None
     options: Mapping[str, Any] = field(default_factory=dict)  # algorithm options unlike their defaults
+    finetune: Mapping[str, Any] = field(default_factory=dict)  # fine-tuning before evaluation (RunConfig.finetune)
 
     def describe(self) -> str:
         """One line for ``fedtail list``, e.g. 'PFLlib: head last, momentum 0, grad clip none'."""
@@ -234,6 +235,7 @@ class Reference:
             f"weight decay {self.weight_decay:g}",
             f"grad clip {'none' if self.grad_clip is None else f'{self.grad_clip:g}'}",
         ]
+        parts += [f"finetune {k}={json.dumps(v)}" for k, v in self.finetune.items()]
         parts += [f"{k}={json.dumps(v)}" for k, v in self.options.items()]
         return f"{self.source or 'none declared (fedtail defaults)'}: " + ", ".join(parts)
 
@@ -250,6 +252,8 @@ class Algorithm:
     config: type[AlgorithmConfig] = AlgorithmConfig
     edge: type[EdgeHalf] | None = None
     reference: Reference = field(default_factory=Reference)
+    # config.json of an older fedtail (a dict) -> today's form, for stored runs (see fedbabu.migrate)
+    migrate: Callable[[dict[str, Any]], dict[str, Any]] | None = None
     # False: every client is evaluated with the global model (FedAvg, FedProx, FEDIC, CReFF, ...),
     # the method has no personalised model; with stage tasks the engine then takes each client's
     # latest locally trained model (its last upload) as its local model for A_local

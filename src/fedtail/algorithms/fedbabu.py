@@ -10,9 +10,10 @@ the bodies like FedAvg,
 
 The global model is (θ_ext^t, θ_cls^0); it is what the global test split sees. Personalised
 accuracy: every client fine-tunes a copy of the global model on its own training data for
-τ_f = ``finetune_epochs`` epochs of SGD and is evaluated with the result. Fine-tuning lives
-only in the evaluation: it changes no client state and never reaches the server, and it draws
-its batches from the evaluation task's own random stream, so results are deterministic and
+τ_f epochs of SGD and is evaluated with the result. That is the engine's fine-tuning before
+evaluation (``--finetune-epochs``, :class:`fedtail.config.FinetuneConfig`), which FedBABU gets from
+its reference settings: it changes no client state, never reaches the server, and draws its
+batches from the evaluation task's own random stream, so results are deterministic and
 independent of how often one evaluates.
 
 Only bodies travel, in both directions: every client already holds θ_cls^0 (the run's common
@@ -21,18 +22,20 @@ carry the same tensors every time.
 
 Defaults and *interpretations*:
 
-- ``finetune_epochs`` = 5: the paper fine-tunes for several numbers of epochs (its figures go up
+- τ_f = 5 (reference ``finetune.epochs``): the paper fine-tunes for several numbers of epochs (its figures go up
   to 20); 5 is the value of its main personalisation tables. FedReMa's Table 1 runs 320, chosen on
   validation data: on ``cnn2fc`` with 480 samples a client, the last-10 mean rose with every
   doubling from 1 to 320 epochs, and the grid stopped at 320 for the tuning budget
   (``benchmarks/fedrema/README.md``, "Validation"; ``docs/defaults.md``). The cost is paid by
   every client at every evaluation: 320 epochs took 10-14 min of one core per evaluation there
   (AVX-512; CPUs without it take up to twice as long), about 3 h for a 200-round run.
-- ``finetune`` = "full" (the paper's default: body and head are fine-tuned together); "head"
+- ``--finetune-params all`` (the paper's default: body and head are fine-tuned together); ``head``
   fine-tunes the head alone, the body frozen (the paper's head-only ablation).
-- fine-tuning uses the local update's settings: the run's learning rate (at the evaluated
-  round), batch size, momentum and weight decay.
+- fine-tuning uses the local update's settings (``--finetune-optimizer run``): the run's learning
+  rate (at the evaluated round), batch size, momentum, weight decay and clipping.
 - clients that hold no training data are evaluated with the global model unchanged.
+- configs stored when τ_f was the option ``finetune_epochs`` (and the part, ``finetune``
+  full/head) are read as the engine setting (:func:`migrate`).
 
 Missing replies (``--dropout``, rejected replies): the body is the sample-weighted mean of the
 bodies that arrived (the head never changes); evaluation does not depend on who replied.
@@ -44,16 +47,14 @@ and in PFLlib (``model.fc``), whose implementation stands for FedReMa's baseline
 512 with the convolutions; ``--head all-fc`` (the model's own split, what runs made before the
 reference split used) freezes both FC layers, 529,930 parameters, at their random values.
 PFLlib fine-tunes (10 epochs, whole model) once, after the last round, and reports the best
-un-fine-tuned accuracy during training; here every evaluation fine-tunes (``finetune_epochs``).
+un-fine-tuned accuracy during training; here every evaluation fine-tunes (``--finetune-epochs``).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any
 
-from pydantic import Field
-
-from fedtail.algorithms.base import PFLLIB, Algorithm, AlgorithmConfig, ClientHalf, Message, Reference, Tensors
+from fedtail.algorithms.base import PFLLIB, Algorithm, ClientHalf, Message, Reference, Tensors
 from fedtail.algorithms.fedrep import BodyServer, train_only
 
 if TYPE_CHECKING:
@@ -61,13 +62,20 @@ if TYPE_CHECKING:
     from fedtail.models import SplitModel
 
 
-class FedBABUConfig(AlgorithmConfig):
-    finetune_epochs: int = Field(
-        5, ge=0, description="τ_f: epochs of fine-tuning before evaluation (0: the global model as it is)"
-    )
-    finetune: Literal["full", "head"] = Field(
-        "full", description="what evaluation fine-tunes: the whole model (paper's default) or the head alone"
-    )
+def migrate(config: dict[str, Any]) -> dict[str, Any]:
+    """A config stored when fine-tuning was FedBABU's own options (``finetune_epochs``, default 5;
+    ``finetune`` full/head) as the engine's ``finetune`` setting; today's configs unchanged."""
+    options = dict(config.get("options") or {})
+    if "finetune_epochs" not in options and "finetune" not in options:
+        return config
+    from fedtail.config import FinetuneConfig
+
+    epochs = options.pop("finetune_epochs", 5)
+    params = "head" if options.pop("finetune", "full") == "head" else "all"
+    out = {k: v for k, v in config.items() if k != "finetune"} | {"options": options}
+    if epochs:
+        out["finetune"] = FinetuneConfig(epochs=epochs, params=params).model_dump(mode="json")
+    return out
 
 
 class FedBABUServer(BodyServer):
@@ -92,14 +100,8 @@ class FedBABUClient(ClientHalf):
         return ctx.reply(ctx.weights(keys=model.body_keys()))
 
     def evaluate(self, msg: Message, ctx: ClientContext) -> Message:
-        opts: FedBABUConfig = ctx.options
-        model = load_with_initial_head(msg.tensors, ctx)
-        if opts.finetune_epochs > 0:
-            if opts.finetune == "head":
-                train_only(ctx, model.head, model.body, opts.finetune_epochs)
-            else:
-                ctx.train(epochs=opts.finetune_epochs)
-        return ctx.evaluate()
+        load_with_initial_head(msg.tensors, ctx)
+        return ctx.evaluate()  # fine-tuned first by the engine (--finetune-*)
 
 
 FEDBABU = Algorithm(
@@ -107,6 +109,6 @@ FEDBABU = Algorithm(
     summary="FedBABU (Oh et al. 2022): body-only FedAvg with a fixed random head; fine-tuned before evaluation",
     server=FedBABUServer,
     client=FedBABUClient,
-    config=FedBABUConfig,
-    reference=Reference(PFLLIB, head="last"),
+    reference=Reference(PFLLIB, head="last", finetune={"epochs": 5}),
+    migrate=migrate,
 )

@@ -11,10 +11,13 @@ given w^t, runs τ local steps; each draws independent batches D, D' (and D'' fo
 
 FO drops the Hessian term of the MAML gradient (I − α∇²f_i(w)) ∇f_i(w̃); HF keeps it through a
 Hessian-vector product. The server aggregates like FedAvg, w^{t+1} = Σ_{i∈S_t} (n_i/n_S) · w_i.
-Personalised accuracy: each client takes ``eval_steps`` SGD steps of size α from the global model
+Personalised accuracy: each client takes plain gradient steps of size α from the global model
 on batches of its training data and is evaluated with the result; the global test split sees
-the plain global model. The adaptation draws from the evaluation task's own random stream and
-changes no client state.
+the plain global model. That is the engine's fine-tuning before evaluation, which Per-FedAvg gets
+from its reference settings (``--finetune-steps 1 --finetune-optimizer plain``,
+:class:`fedtail.config.FinetuneConfig`): it draws from the evaluation task's own random stream
+and changes no client state. Its step size is α (``alpha``, else the run's lr at the round)
+unless ``--finetune-lr`` sets one.
 
 How the reference code runs it. FedReMa's released code (built on PFLlib, TsingZ0/PFLlib) holds
 FedReMa alone, so PFLlib's implementations stand for its baselines (*interpretation*). PFLlib's
@@ -23,7 +26,7 @@ dropping the incomplete last one, and takes one meta-step per such batch with D 
 samples and D' its last B, for E epochs; its server runs that training twice per round; β is
 the local learning rate, set once when the client is built, α the optimizer's (the same lr); the
 optimizer is plain SGD (no momentum, no clipping); evaluation follows one SGD step of size α on
-one training batch (``eval_steps = 1``). At FedReMa's protocol (480 training samples, B = 100,
+one training batch (``finetune.steps = 1``). At FedReMa's protocol (480 training samples, B = 100,
 E = 5) that is 2 · 5 · ⌊480/200⌋ = 20 meta-steps of β = 0.01 per round. These are the
 algorithm's reference settings (``steps = "pfllib"``, ``beta = null``), which a run gets unless
 it sets the options. The option defaults (β = 0.001, the outer step size of the Per-FedAvg
@@ -56,6 +59,8 @@ Options and *interpretations*:
   D'', at w̃ on D'); the sample count counts every batch read.
 - BatchNorm running statistics (ResNet) follow every forward pass in training mode, including
   the one at w̃.
+- configs stored when the adaptation was the option ``eval_steps`` (default 1) are read as the
+  engine setting, steps of plain SGD at α (:func:`migrate`).
 
 Missing replies (``--dropout``, rejected replies): the server is FedAvg's: the mean of the replies
 that arrived.
@@ -66,7 +71,7 @@ that arrived.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Iterator, Literal
+from typing import TYPE_CHECKING, Any, Iterator, Literal
 
 import torch
 import torch.nn.functional as F
@@ -95,7 +100,6 @@ class PerFedAvgConfig(AlgorithmConfig):
         description="meta-steps per round: pfllib (2 passes of E epochs, one step per k·B-sample chunk: the "
         "reference) or epochs (E epochs of batches shared out k per step)",
     )
-    eval_steps: int = Field(1, ge=0, description="SGD steps of size α from the global model before evaluation")
 
 
 PFLLIB_PASSES = 2  # PFLlib's Per-FedAvg server trains each selected client twice a round
@@ -164,19 +168,19 @@ def meta_gradient(
     return direction, losses
 
 
-def adapt(model: nn.Module, ctx: ClientContext, alpha: float, steps: int) -> None:
-    """``steps`` plain SGD steps w ← w − α∇f(w; D) on batches of the client's training data."""
-    if steps == 0 or len(ctx.data.train) == 0:
-        return
-    model.train()
-    params = list(model.parameters())
-    stream = shuffled_batches(ctx.data.train, ctx.train_config.batch_size, ctx.generator)
-    for _ in range(steps):
-        x, y = ctx.dataset.batch(ctx.dataset.train, next(stream))
-        grads = torch.autograd.grad(F.cross_entropy(model(x), y), params)
-        with torch.no_grad():
-            for p, g in zip(params, grads):
-                p.sub_(g, alpha=alpha)
+def migrate(config: dict[str, Any]) -> dict[str, Any]:
+    """A config stored when the adaptation before evaluation was the option ``eval_steps``
+    (default 1: plain SGD steps of size α) as the engine's ``finetune``; today's configs unchanged."""
+    options = dict(config.get("options") or {})
+    if "eval_steps" not in options:
+        return config
+    from fedtail.config import FinetuneConfig
+
+    steps = options.pop("eval_steps", 1)
+    out = {k: v for k, v in config.items() if k != "finetune"} | {"options": options}
+    if steps:
+        out["finetune"] = FinetuneConfig(steps=steps, optimizer="plain").model_dump(mode="json")
+    return out
 
 
 def local_steps(ctx: ClientContext, batches_per_step: int) -> int:
@@ -222,9 +226,10 @@ class PerFedAvgClient(ClientHalf):
 
     def evaluate(self, msg: Message, ctx: ClientContext) -> Message:
         opts: PerFedAvgConfig = ctx.options
-        model = ctx.load(msg.tensors)
-        adapt(model, ctx, ctx.lr if opts.alpha is None else opts.alpha, opts.eval_steps)
-        return ctx.evaluate()
+        if opts.alpha is not None and ctx.finetune is not None and ctx.finetune.lr is None:
+            ctx.finetune = ctx.finetune.model_copy(update={"lr": opts.alpha})  # α adapts at evaluation too
+        ctx.load(msg.tensors)
+        return ctx.evaluate()  # adapted first by the engine (--finetune-*)
 
 
 PERFEDAVG = Algorithm(
@@ -233,5 +238,6 @@ PERFEDAVG = Algorithm(
     server=FedAvgServer,
     client=PerFedAvgClient,
     config=PerFedAvgConfig,
-    reference=Reference(PFLLIB, options={"beta": None, "steps": "pfllib"}),
+    reference=Reference(PFLLIB, options={"beta": None, "steps": "pfllib"}, finetune={"steps": 1, "optimizer": "plain"}),
+    migrate=migrate,
 )

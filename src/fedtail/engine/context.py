@@ -22,7 +22,7 @@ from torch import nn
 
 from fedtail import wire
 from fedtail.algorithms.base import AlgorithmConfig, Message, Tensors
-from fedtail.config import RunConfig, TrainConfig
+from fedtail.config import FinetuneConfig, RunConfig, TrainConfig
 from fedtail.engine.device import to_device
 from fedtail.data.base import Dataset, Split
 from fedtail.engine.training import (
@@ -181,6 +181,8 @@ class ClientContext:
     options: AlgorithmConfig
     state: dict[str, Any] = field(default_factory=dict)
     stats: TrainStats = field(default_factory=TrainStats)
+    # evaluation tasks of a run with --finetune-*: what :meth:`evaluate` trains first (engine-set)
+    finetune: FinetuneConfig | None = None
 
     def __post_init__(self) -> None:
         # The client's random stream (shuffles, sampled features) stays on the CPU on every device:
@@ -288,8 +290,39 @@ class ClientContext:
         ``predict`` (default: the model's forward) may return several named scores of one pass,
         e.g. ``{"gp": ..., "lp": ..., "head": ...}``: the reply then carries every name's counts
         (the engine reports each as a named accuracy) and ``main``'s as the headline.
+
+        In an evaluation task of a run that fine-tunes before evaluation (``--finetune-*``,
+        :class:`~fedtail.config.FinetuneConfig`) the model is fine-tuned first, in place: the
+        workspace model, never the client's state.
         """
-        return eval_message(self.count(self.model(role), predict, main))
+        model = self.model(role)
+        if self.finetune is not None:
+            self._finetune(model, role)
+        return eval_message(self.count(model, predict, main))
+
+    def _finetune(self, model: SplitModel, role: str) -> None:
+        """The run's fine-tuning before evaluation: SGD on this client's training data, from the
+        evaluation task's random stream, on the whole model or on the head with the body frozen
+        (``requires_grad`` off, as FedRep's head epochs: no backward through it)."""
+        ft = self.finetune
+        assert ft is not None
+        frozen = model.body if ft.params == "head" else None
+        params = list((model.head if frozen is not None else model).parameters())
+        plain = ft.optimizer == "plain"
+        hyper = {"momentum": 0.0, "weight_decay": 0.0} if plain else {}
+        optimizer = self.optimizer(params, ft.lr, role=role, **hyper)
+        cfg = self.train_config
+        if frozen is not None:
+            frozen.requires_grad_(False)
+        try:
+            train_epochs(
+                model, optimizer, self.dataset, self.data.train,
+                epochs=ft.epochs, steps=ft.steps, batch_size=cfg.batch_size, generator=self.generator,
+                grad_clip=None if plain else cfg.grad_clip, params=params,
+            )  # fmt: skip
+        finally:
+            if frozen is not None:
+                frozen.requires_grad_(True)
 
     def count(self, model: nn.Module, predict: Predict | None = None, main: str | None = None) -> EvalCounts:
         """:func:`~fedtail.engine.training.evaluate` of ``model`` on this client's evaluation data

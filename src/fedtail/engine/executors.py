@@ -139,6 +139,7 @@ class ClientRuntime:
         self.client: ClientHalf = spec.client()
         self.options = components.algorithm_options(config)
         self.keeps_local = config.plan.has_stages and not spec.personal_model
+        self.finetune = config.finetune if config.finetune.active else None  # before every evaluation
 
     def run(self, task: Task) -> Result:
         start = time.perf_counter()
@@ -153,6 +154,7 @@ class ClientRuntime:
             workspace=self.workspace,
             options=self.options,
             state=MappingProxyType(state) if task.read_only else state,  # type: ignore[arg-type]
+            finetune=self.finetune if task.read_only else None,
         )
         reply = to_host(self.client.handle(to_device(task.message, self.device), ctx))
         local = None
