@@ -219,6 +219,10 @@ class RunConfig(BaseModel):
         default_factory=list,
         json_schema_extra=setting("tensorboard[:DIR] (repeatable): each evaluation's metrics as TensorBoard scalars too (default DIR: OUT/tensorboard); needs pip install tensorboard", panel='Logging', omit_default=True, sweep_ignores=True)
     )
+    similarity_rounds: list[int] = Field(
+        default_factory=list,
+        json_schema_extra=setting("evaluated rounds (repeatable) that also log the clients' pairwise similarity: label-distribution KL, model L2 distance and LrCos of the evaluated models (FedAC's Fig. 2; fedtail.metrics.similarity)", panel='Logging', omit_default=True)
+    )
     log_clustering_every: int = Field(
         LOG_CLUSTERING_EVERY,
         ge=1,
@@ -283,6 +287,12 @@ class RunConfig(BaseModel):
         # names (algorithm, dataset, model) are resolved by fedtail.components.check, not here
         if self.eval_split == "val" and self.partition.val_fraction <= 0:
             raise ValueError("eval_split 'val' needs --val-fraction > 0")
+        for rnd in self.similarity_rounds:
+            if not (1 <= rnd <= self.rounds and self.plan.evaluates(rnd)):
+                raise ValueError(
+                    f"--similarity-rounds {rnd}: not an evaluated round of this run (rounds {self.rounds}, "
+                    f"--eval-every {self.eval_every}); the matrices are of the evaluated models"
+                )
         if self.faults.min_replies > self.clients_per_round:
             raise ValueError(
                 f"--min-replies {self.faults.min_replies} exceeds the {self.clients_per_round} clients sampled "

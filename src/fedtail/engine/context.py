@@ -183,6 +183,8 @@ class ClientContext:
     stats: TrainStats = field(default_factory=TrainStats)
     # evaluation tasks of a run with --finetune-*: what :meth:`evaluate` trains first (engine-set)
     finetune: FinetuneConfig | None = None
+    # evaluation tasks of a --similarity-rounds round: the reply carries the scored model (engine-set)
+    capture_model: bool = False
 
     def __post_init__(self) -> None:
         # The client's random stream (shuffles, sampled features) stays on the CPU on every device:
@@ -293,12 +295,16 @@ class ClientContext:
 
         In an evaluation task of a run that fine-tunes before evaluation (``--finetune-*``,
         :class:`~fedtail.config.FinetuneConfig`) the model is fine-tuned first, in place: the
-        workspace model, never the client's state.
+        workspace model, never the client's state. At a ``--similarity-rounds`` round the reply
+        carries the scored model too (:data:`fedtail.wire.EVAL_MODEL`).
         """
         model = self.model(role)
         if self.finetune is not None:
             self._finetune(model, role)
-        return eval_message(self.count(model, predict, main))
+        message = eval_message(self.count(model, predict, main))
+        if self.capture_model:
+            message.tensors[wire.EVAL_MODEL] = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+        return message
 
     def _finetune(self, model: SplitModel, role: str) -> None:
         """The run's fine-tuning before evaluation: SGD on this client's training data, from the

@@ -155,6 +155,7 @@ class ClientRuntime:
             options=self.options,
             state=MappingProxyType(state) if task.read_only else state,  # type: ignore[arg-type]
             finetune=self.finetune if task.read_only else None,
+            capture_model=task.read_only and task.rnd in self.config.similarity_rounds,
         )
         reply = to_host(self.client.handle(to_device(task.message, self.device), ctx))
         local = None

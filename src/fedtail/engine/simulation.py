@@ -54,6 +54,7 @@ from fedtail.errors import ConfigError, RunDiverged
 from fedtail.metrics import Meter, RunRecord, global_metrics, personalized_metrics, stage_metrics
 from fedtail.metrics.record import NAMED_KEYS
 from fedtail.metrics.stages import StageCounts, local_metrics
+from fedtail.metrics.similarity import client_similarity
 from fedtail.partition import Partition
 
 EVAL_CALL = 1 << 20  # call index of evaluation tasks: their seeds never collide with training's
@@ -323,8 +324,11 @@ class Simulation:
             global_row = global_metrics(counts.correct.numpy(), counts.total.numpy(), self.groups)
             if config.plan.has_stages:
                 global_seen = self._global_seen_counts(rnd, model)
-        main, named, local, answered = self._gather(results, rnd)
+        models: dict[int, torch.Tensor] = {}
+        main, named, local, answered = self._gather(results, rnd, models)
         row |= personalized_metrics(main.correct, main.total, self.groups)
+        if models:
+            row["client_similarity"] = self._similarity(models)
         if len(answered) < len(cids):  # a transport lost them (a Flower node down): left out of the means
             row["eval_missing"] = sorted(set(cids) - answered)
         row |= global_row
@@ -351,13 +355,16 @@ class Simulation:
             cb.on_evaluation(self, row)
         return row
 
-    def _gather(self, results, rnd: int) -> tuple[StageCounts, dict[str, StageCounts], StageCounts | None, set[int]]:
+    def _gather(
+        self, results, rnd: int, models: dict[int, torch.Tensor] | None = None
+    ) -> tuple[StageCounts, dict[str, StageCounts], StageCounts | None, set[int]]:
         """The clients' evaluation replies as count arrays (evaluation never writes client state).
 
         Returns the headline counts, those of every named accuracy (``correct:NAME`` in a reply)
         and, for methods without personalised models in stage runs, those of the clients' local
         models (the headline counts for a client without one yet); the per-stage arrays are empty
-        without stage tasks; and the clients that answered.
+        without stage tasks; and the clients that answered. The evaluated models a reply carries
+        (``--similarity-rounds``) go into ``models``.
         """
         n, C = self.num_clients, self.dataset.num_classes
         stages = self.config.plan.seen_stages(rnd) if self.config.plan.has_stages else 0
@@ -384,7 +391,17 @@ class Simulation:
                 fill(named.setdefault(name, empty()), result.cid, t, name)
             if local is not None:
                 fill(local, result.cid, (result.local or result.reply).tensors)
+            if models is not None and wire.EVAL_MODEL in t:
+                models[result.cid] = t[wire.EVAL_MODEL]
         return main, named, local, answered
+
+    def _similarity(self, models: dict[int, torch.Tensor]) -> dict[str, Any]:
+        """FedAC's Fig. 2 matrices of the clients that answered (:mod:`fedtail.metrics.similarity`)."""
+        cids = sorted(models)
+        y = self.dataset.train.y.cpu().numpy()
+        C = self.dataset.num_classes
+        counts = np.stack([np.bincount(y[self.partition.clients[c].train], minlength=C) for c in cids])
+        return {"clients": cids} | client_similarity(torch.stack([models[c] for c in cids]), counts)
 
     def _named_metrics(self, counts: StageCounts, main: StageCounts, participants: list[int]) -> dict[str, Any]:
         """The personalised metrics of one named accuracy (and its A_local, A_part in stage runs)."""

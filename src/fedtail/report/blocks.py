@@ -33,7 +33,14 @@ from fedtail.report.analyses import (
 from fedtail.report.collect import NAMED_SEP, Collection, Run
 from fedtail.machine import describe, describe_run_machine, machine_info
 from fedtail.provenance import describe_code
-from fedtail.report.plots import acmu_records, plot_accuracy_curves, plot_acmu, plot_similarity
+from fedtail.report.plots import (
+    acmu_records,
+    client_similarity_records,
+    plot_accuracy_curves,
+    plot_acmu,
+    plot_client_similarity,
+    plot_similarity,
+)
 from fedtail.report.tables import METRICS, Reference, accuracy_table, has_stage_metrics, incomplete_cells, stage_table
 
 Figure = tuple[str, Path]  # (caption, PNG file)
@@ -320,6 +327,24 @@ def similarity_figure(col: Collection, setting: str, method: str, png: Path) -> 
     return None
 
 
+def client_similarity_figure(col: Collection, setting: str, method: str, png: Path) -> Figure | None:
+    """The clients' pairwise KL / L2 / LrCos of a cell's first finished seed that logged them
+    (``--similarity-rounds``; FedAC's Fig. 2), beside its partition's samples per class."""
+    for run in col.finished(setting, method):
+        label = f"{setting} / {method} / seed {run.seed}"
+        counts = run.class_counts()
+        rows = run.metrics()
+        if plot_client_similarity(rows, png, counts, title=f"Client similarity: {label}"):
+            rnd, rec = client_similarity_records(rows)[-1]
+            rho = rec.get("spearman_kl") or {}
+            agree = ", ".join(f"{k} {v:.3f}" for k, v in rho.items() if isinstance(v, (int, float)))
+            return (f"The clients' samples per class, the KL divergence of their label distributions and the L2 "
+                    f"distance and LrCos of their evaluated models at round {rnd}, {label} ({run.dir}). Spearman's "
+                    f"rho between the pairs' symmetrised KL and each model dissimilarity (L2, 1 - LrCos): "
+                    f"{agree or 'undefined'}.", png)  # fmt: skip
+    return None
+
+
 def acmu_figure(run: Run, setting: str, method: str, png: Path) -> Figure | None:
     label = f"{setting} / {method} / seed {run.seed}"
     rows = run.metrics()
@@ -490,6 +515,9 @@ def collection_figures(
             if fig:
                 figures.append(fig)
             fig = similarity_figure(col, s, m, scatter_png(f"similarity-{slug(s)}-{slug(m)}"))
+            if fig:
+                figures.append(fig)
+            fig = client_similarity_figure(col, s, m, scatter_png(f"client-similarity-{slug(s)}-{slug(m)}"))
             if fig:
                 figures.append(fig)
             run = acmu_run(col, s, m)

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from fedtail.errors import FedtailError
 from fedtail.metrics.record import SUMMARY_KEYS, reductions
 
@@ -71,6 +73,15 @@ class Run:
                 pass
             self._metrics = rows
         return self._metrics
+
+    def class_counts(self) -> np.ndarray | None:
+        """Training samples per class of every client (clients × classes), from ``partition.json``;
+        None where the folder has none."""
+        try:
+            clients = json.loads((self.dir / "partition.json").read_text())["clients"]
+            return np.array([c["train_counts"] for c in clients], dtype=np.int64)
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
 
     def evaluations(self) -> list[dict[str, Any]]:
         """The rows of :meth:`metrics` with a round and a personalised accuracy (evaluated rounds)."""

@@ -9,6 +9,9 @@
   ``rounds_log[i]["clustering"]`` record is drawn the same way, as edge 0.
 * :func:`plot_similarity`: FedReMa's client-similarity matrix S(t) at the logged rounds
   (``rounds_log[i]["fedrema_similarity"]``, option ``similarity_rounds``) as heatmaps (its Fig. 3).
+* :func:`plot_client_similarity`: the clients' pairwise label-distribution KL, model L2 distance
+  and LrCos at a ``--similarity-rounds`` round (an evaluation row's ``client_similarity``), with the
+  samples per class per client beside them (FedAC's Fig. 2 (a)-(d)).
 """
 
 from __future__ import annotations
@@ -240,5 +243,52 @@ def plot_similarity(rows: list[dict[str, Any]], path: Path, title: str = "", max
     fig.suptitle(title or "Client similarity S(t)", fontsize=10)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, bbox_inches="tight")
+    plt.close(fig)
+    return True
+
+
+def client_similarity_records(rows: list[dict[str, Any]]) -> list[tuple[int, dict[str, Any]]]:
+    """(round, record) of every evaluation row that logged ``client_similarity``."""
+    return [(row["round"], row["client_similarity"]) for row in rows if isinstance(row.get("client_similarity"), dict)]
+
+
+def plot_client_similarity(
+    rows: list[dict[str, Any]], path: Path, class_counts: np.ndarray | None = None, title: str = "",
+    rnd: int | None = None,
+) -> bool:  # fmt: skip
+    """FedAC's Fig. 2 at one logged round (default: the last): (a) samples per class per client
+    (``class_counts``, clients × classes, if given), (b) KL of the label distributions, (c) L2
+    distance of the evaluated models, (d) their LrCos; False if the log has none."""
+    records = dict(client_similarity_records(rows))
+    if not records:
+        return False
+    rnd = max(records) if rnd is None else rnd
+    rec = records[rnd]
+    clients = rec.get("clients") or []
+    panels: list[tuple[str, np.ndarray, str]] = []
+    if class_counts is not None:
+        panels.append(("(a) samples per class", np.asarray(class_counts, dtype=float)[clients].T, "samples"))
+    panels += [
+        (f"(b) KL of label distributions (+{rec.get('kl_smoothing', 1):g} per class)", np.array(rec["kl"], dtype=float), "KL"),
+        ("(c) L2 distance of models", np.array(rec["l2"], dtype=float), "L2"),
+        (f"(d) LrCos (PCA, D = {rec.get('lrcos_dims')})", np.array(rec["lrcos"], dtype=float), "cosine"),
+    ]
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels), 3.6), squeeze=False, dpi=110)
+    for ax, (name, matrix, label) in zip(axes[0], panels):
+        cmap = "viridis_r" if label in ("KL", "L2") else "viridis"  # alike = bright in every panel
+        image = ax.imshow(matrix, cmap=cmap, vmin=-1.0 if label == "cosine" else None,
+                          vmax=1.0 if label == "cosine" else None, aspect="auto")  # fmt: skip
+        ax.set_title(name, fontsize=8)
+        ax.set_xlabel("client", fontsize=7)
+        ax.set_ylabel("class" if label == "samples" else "client", fontsize=7)
+        if len(clients) <= 20:
+            ax.set_xticks(range(len(clients)), [str(c) for c in clients], fontsize=6)
+            if label != "samples":
+                ax.set_yticks(range(len(clients)), [str(c) for c in clients], fontsize=6)
+        fig.colorbar(image, ax=ax, shrink=0.8, label=label)
+    fig.suptitle(title or f"Client similarity at round {rnd}", fontsize=10)
+    fig.tight_layout(rect=(0, 0, 1, 0.93))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
     plt.close(fig)
     return True
