@@ -81,3 +81,30 @@ def test_the_report_draws_fig_2(tmp_path):
     assert plot_client_similarity(rows, tmp_path / "fig2.png", counts)
     assert (tmp_path / "fig2.png").stat().st_size > 1000
     assert not plot_client_similarity(rows[:0], tmp_path / "none.png")
+
+
+# --- MuPFL's Fig. 3(b): the global model's prediction probabilities of each class -----------------
+
+
+def test_class_probabilities_are_mean_softmax_rows_and_change_nothing_else(tmp_path):
+    from fedtail.report.plots import plot_class_probabilities
+
+    rows, sim = run(tiny_config(rounds=2, class_probabilities=True))
+    plain, _ = run(tiny_config(rounds=2))
+    row = rows[-1]
+    matrix = np.array(row["global_class_probabilities"], dtype=float)
+    C = sim.dataset.num_classes
+    assert matrix.shape == (C, C) and np.allclose(matrix.sum(axis=1), 1, atol=1e-5)
+    assert 0 < row["global_prediction_entropy"] <= np.log(C) + 1e-9
+    # the same numbers from the model directly
+    model = sim.workspace.model("check")
+    model.load_state_dict(sim.server.global_weights())
+    model.eval()
+    with torch.inference_mode():
+        x, y = sim.dataset.test.x, sim.dataset.test.y
+        p = torch.softmax(model(x).double(), dim=1)
+    expected = np.stack([p[y == c].mean(0).numpy() for c in range(C)])
+    assert np.allclose(matrix, expected, atol=1e-5)
+    strip = lambda r: {k: v for k, v in r.items() if not k.startswith("global_class") and k not in ("global_prediction_entropy", "elapsed_s")}  # noqa: E731
+    assert [strip(r) for r in rows] == [strip(r) for r in plain]
+    assert plot_class_probabilities(rows, tmp_path / "p.png") and not plot_class_probabilities(plain, tmp_path / "q.png")

@@ -219,6 +219,10 @@ class RunConfig(BaseModel):
         default_factory=list,
         json_schema_extra=setting("tensorboard[:DIR] (repeatable): each evaluation's metrics as TensorBoard scalars too (default DIR: OUT/tensorboard); needs pip install tensorboard", panel='Logging', omit_default=True, sweep_ignores=True)
     )
+    class_probabilities: bool = Field(
+        False,
+        json_schema_extra=setting("also log the global model's mean predicted probability of every class for the test images of each class, and its mean prediction entropy (MuPFL's Fig. 3(b))", panel='Logging', omit_default=True)
+    )
     similarity_rounds: list[int] = Field(
         default_factory=list,
         json_schema_extra=setting("evaluated rounds (repeatable) that also log the clients' pairwise similarity: label-distribution KL, model L2 distance and LrCos of the evaluated models (FedAC's Fig. 2; fedtail.metrics.similarity)", panel='Logging', omit_default=True)

@@ -54,7 +54,7 @@ from fedtail.errors import ConfigError, RunDiverged
 from fedtail.metrics import Meter, RunRecord, global_metrics, personalized_metrics, stage_metrics
 from fedtail.metrics.record import NAMED_KEYS
 from fedtail.metrics.stages import StageCounts, local_metrics
-from fedtail.metrics.similarity import client_similarity
+from fedtail.metrics.similarity import class_probabilities, client_similarity
 from fedtail.partition import Partition
 
 EVAL_CALL = 1 << 20  # call index of evaluation tasks: their seeds never collide with training's
@@ -320,8 +320,11 @@ class Simulation:
         if weights is not None:
             model = self.workspace.model("global-eval")
             load_weights(model, weights)
-            counts = evaluate(model, self.dataset, self.dataset.test, None, self.dataset.num_classes)
+            counts = evaluate(model, self.dataset, self.dataset.test, None, self.dataset.num_classes,
+                              probabilities=config.class_probabilities)  # fmt: skip
             global_row = global_metrics(counts.correct.numpy(), counts.total.numpy(), self.groups)
+            if counts.prob_sum is not None:
+                global_row |= class_probabilities(counts)
             if config.plan.has_stages:
                 global_seen = self._global_seen_counts(rnd, model)
         models: dict[int, torch.Tensor] = {}

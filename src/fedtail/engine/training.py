@@ -155,6 +155,10 @@ class EvalCounts:
     by_stage_total: torch.Tensor | None = None
     named: dict[str, torch.Tensor] = field(default_factory=dict)
     named_by_stage: dict[str, torch.Tensor] = field(default_factory=dict)
+    # with probabilities=True: the summed softmax of the samples of each true class (classes ×
+    # classes, float64) and the summed entropy of the predictions (nats)
+    prob_sum: torch.Tensor | None = None
+    entropy_sum: float | None = None
 
     @property
     def accuracy(self) -> float:
@@ -173,6 +177,7 @@ def evaluate(
     main: str | None = None,
     groups: torch.Tensor | None = None,
     num_groups: int = 0,
+    probabilities: bool = False,
 ) -> EvalCounts:
     """Accuracy counts of ``model`` (or of ``predict``, which maps inputs to logits/scores).
 
@@ -182,7 +187,8 @@ def evaluate(
     ``predict`` may return several named scores at once (one forward pass for several
     prediction rules): ``main`` names the one the counts (and the loss) are of, and every name
     gets its correct counts in ``named``. ``groups`` (aligned with ``index``, values below
-    ``num_groups``) adds counts per group and class.
+    ``num_groups``) adds counts per group and class. ``probabilities`` adds the summed softmax per
+    true class and the summed prediction entropy (``--class-probabilities``).
     """
     device = split.y.device
     correct = torch.zeros(num_classes, dtype=torch.int64, device=device)
@@ -193,6 +199,8 @@ def evaluate(
     named: dict[str, torch.Tensor] = {}
     named_by: dict[str, torch.Tensor] = {}
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)  # as the host's sum of float(...)
+    prob_sum = torch.zeros(num_classes, num_classes, dtype=torch.float64, device=device) if probabilities else None
+    entropy_sum = torch.zeros((), dtype=torch.float64, device=device)
     if index is None:
         index = torch.arange(len(split), device=device)
     was_training = model.training
@@ -207,6 +215,10 @@ def evaluate(
                 raise ValueError(f"predict returned {sorted(several)}; main={main!r} must name one of them")
             scores = several[main] if several else out
             loss_sum += F.cross_entropy(scores, y, reduction="sum").double()
+            if prob_sum is not None:
+                logp = F.log_softmax(scores.double(), dim=1)
+                prob_sum.index_add_(0, y, logp.exp())
+                entropy_sum -= (logp.exp() * logp).sum()
             cell = None if groups is None else groups[start : start + batch_size] * num_classes + y
             total += class_counts(y, num_classes)
             if cell is not None:
@@ -234,4 +246,6 @@ def evaluate(
         None if by_total is None else host(by_total.view(shape)),
         {k: host(v) for k, v in named.items()},
         {k: host(v.view(shape)) for k, v in named_by.items()},
+        host(prob_sum),
+        float(entropy_sum) if prob_sum is not None else None,
     )

@@ -23,6 +23,13 @@ the KL representations, whereas L2 distance inadequately captures this similarit
 number: ``spearman_kl``, the Spearman rank correlation over the client pairs i < j between the
 symmetrised KL, (KL(p_i‖p_j) + KL(p_j‖p_i)) / 2, and each measure as a dissimilarity (L2, and
 1 − LrCos); 1 means the measure orders the pairs exactly as their data do.
+
+MuPFL's Fig. 3(b), "prediction probabilities of each class" of FedAvg's classifier on long-tailed
+data, showing "significant uncertainty within the model predictions" and "the entropy of the
+model's predictions": the figure's axes are not in the text, so the log holds what both readings
+need (``--class-probabilities``, :func:`class_probabilities`): the global model's mean softmax over
+the global test images of each true class (a row per true class, a column per predicted class; the
+diagonal is the mean probability of the right class) and the mean entropy of its predictions.
 """
 
 from __future__ import annotations
@@ -97,3 +104,15 @@ def rank_agreement(kl: np.ndarray, dissimilarity: np.ndarray) -> float | None:
     if len(a) < 3 or np.ptp(a) == 0 or np.ptp(b) == 0:
         return None
     return round(float(spearmanr(a, b).statistic), 6)
+
+
+def class_probabilities(counts) -> dict:
+    """The log's ``global_class_probabilities`` (true class × predicted class, mean softmax; a class
+    without test images: a row of nulls) and ``global_prediction_entropy`` (mean, nats) of an
+    evaluation with ``probabilities=True`` (:class:`fedtail.engine.training.EvalCounts`)."""
+    total = counts.total.numpy().astype(np.float64)
+    sums = counts.prob_sum.numpy()
+    rows = [(sums[c] / total[c]).round(6).tolist() if total[c] else [None] * len(total) for c in range(len(total))]
+    n = total.sum()
+    return {"global_class_probabilities": rows,
+            "global_prediction_entropy": round(counts.entropy_sum / n, 6) if n else None}  # fmt: skip

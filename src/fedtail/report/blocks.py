@@ -38,6 +38,7 @@ from fedtail.report.plots import (
     client_similarity_records,
     plot_accuracy_curves,
     plot_acmu,
+    plot_class_probabilities,
     plot_client_similarity,
     plot_similarity,
 )
@@ -345,6 +346,17 @@ def client_similarity_figure(col: Collection, setting: str, method: str, png: Pa
     return None
 
 
+def class_probabilities_figure(col: Collection, setting: str, method: str, png: Path) -> Figure | None:
+    """The global model's per-class prediction probabilities of a cell's first finished seed that
+    logged them (``--class-probabilities``; MuPFL's Fig. 3(b))."""
+    for run in col.finished(setting, method):
+        label = f"{setting} / {method} / seed {run.seed}"
+        if plot_class_probabilities(run.metrics(), png, title=f"Prediction probabilities of each class: {label}"):
+            return (f"The global model's mean softmax over the global test images of each class, and its mean "
+                    f"probability of the right class, at the last evaluated round, {label} ({run.dir}).", png)  # fmt: skip
+    return None
+
+
 def acmu_figure(run: Run, setting: str, method: str, png: Path) -> Figure | None:
     label = f"{setting} / {method} / seed {run.seed}"
     rows = run.metrics()
@@ -518,6 +530,9 @@ def collection_figures(
             if fig:
                 figures.append(fig)
             fig = client_similarity_figure(col, s, m, scatter_png(f"client-similarity-{slug(s)}-{slug(m)}"))
+            if fig:
+                figures.append(fig)
+            fig = class_probabilities_figure(col, s, m, scatter_png(f"class-probabilities-{slug(s)}-{slug(m)}"))
             if fig:
                 figures.append(fig)
             run = acmu_run(col, s, m)

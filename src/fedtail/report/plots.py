@@ -12,6 +12,9 @@
 * :func:`plot_client_similarity`: the clients' pairwise label-distribution KL, model L2 distance
   and LrCos at a ``--similarity-rounds`` round (an evaluation row's ``client_similarity``), with the
   samples per class per client beside them (FedAC's Fig. 2 (a)-(d)).
+* :func:`plot_class_probabilities`: the global model's mean predicted probability of every class
+  for the test images of each class, and of the right class as bars (``--class-probabilities``;
+  MuPFL's Fig. 3(b)).
 """
 
 from __future__ import annotations
@@ -287,6 +290,38 @@ def plot_client_similarity(
                 ax.set_yticks(range(len(clients)), [str(c) for c in clients], fontsize=6)
         fig.colorbar(image, ax=ax, shrink=0.8, label=label)
     fig.suptitle(title or f"Client similarity at round {rnd}", fontsize=10)
+    fig.tight_layout(rect=(0, 0, 1, 0.93))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return True
+
+
+def plot_class_probabilities(rows: list[dict[str, Any]], path: Path, title: str = "") -> bool:
+    """The last evaluation row's ``global_class_probabilities`` as a heatmap (true class × predicted
+    class) beside the mean probability of the right class per class; False if the log has none."""
+    logged = [r for r in rows if isinstance(r.get("global_class_probabilities"), list)]
+    if not logged:
+        return False
+    row = logged[-1]
+    matrix = np.array([[np.nan if v is None else v for v in line] for line in row["global_class_probabilities"]])
+    classes = range(len(matrix))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9.0, 3.8), dpi=110)
+    image = left.imshow(matrix, vmin=0.0, vmax=1.0, cmap="viridis")
+    left.set_xlabel("predicted class", fontsize=8)
+    left.set_ylabel("true class", fontsize=8)
+    left.set_xticks(list(classes))
+    left.set_yticks(list(classes))
+    left.set_title("mean softmax", fontsize=9)
+    fig.colorbar(image, ax=left, shrink=0.85)
+    right.bar(list(classes), np.diag(matrix), color=_colors(1)[0])
+    right.set_ylim(0, 1)
+    right.set_xticks(list(classes))
+    right.set_xlabel("class", fontsize=8)
+    right.set_ylabel("mean probability of the right class", fontsize=8)
+    entropy = row.get("global_prediction_entropy")
+    right.set_title(f"round {row.get('round')}; mean entropy {entropy:.3f} nats" if entropy is not None else "", fontsize=9)
+    fig.suptitle(title or "Prediction probabilities of each class", fontsize=10)
     fig.tight_layout(rect=(0, 0, 1, 0.93))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
