@@ -595,3 +595,23 @@ def test_reading_options_are_validated():
     # BAVD validated off (issue 16: no reading beat plain training); when on, the batch mask, its best reading
     assert (defaults.bavd, defaults.bavd_map, defaults.bavd_mask, defaults.bavd_map_shape) == (False, "batch", "map", "chw")
     assert (defaults.alpha, defaults.tau, defaults.match_lr, defaults.feature_init_std) == (0.25, 50, 100.0, 0.1)
+
+
+def test_plain_kmeans_panel_clusters_the_models_themselves(tmp_path):
+    """Fig. 10's "K-Means" panel: Euclidean k-means of the client models at ACMU's κ, logged in full
+    records beside ACMU's clusters and drawn on ACMU's view; it changes nothing that trains."""
+    from fedtail.algorithms.mupfl.acmu import plain_kmeans
+    from fedtail.report.plots import plot_acmu
+
+    g = torch.Generator().manual_seed(3)
+    centres = [torch.full((20,), 5.0 * c) for c in range(3)]
+    weights = [{"w": centres[i % 3] + 0.1 * torch.randn(20, generator=g)} for i in range(9)]
+    labels = plain_kmeans(weights, ["w"], 3, seed=0)
+    groups = {frozenset(np.flatnonzero(labels == c)) for c in set(labels)}
+    assert groups == {frozenset(range(c, 9, 3)) for c in range(3)}
+    assert list(plain_kmeans(weights[:2], ["w"], 3, seed=0)) == [0, 1]  # k >= n: singletons
+    rows, _ = run(tiny_config(algorithm="mupfl", options=FAST, rounds=2, fraction=1.0))
+    record = rows[-1]["rounds_log"][-1]["acmu"][0]
+    assert len(record["kmeans"]) == len(record["clients"])
+    assert len(set(record["kmeans"])) == min(record["kappa"], len(record["clients"]))
+    assert plot_acmu(rows, tmp_path / "k.png", color_by="kmeans")

@@ -370,6 +370,17 @@ def acmu_figure(run: Run, setting: str, method: str, png: Path) -> Figure | None
     return (f"{caption} ({run.dir}).", png)
 
 
+def kmeans_figure(run: Run, setting: str, method: str, png: Path) -> Figure | None:
+    """MuPFL's Fig. 10 "K-Means" panel: the ACMU view of the clients coloured by a plain k-means of
+    their models at ACMU's κ (runs whose full ACMU records hold it)."""
+    label = f"{setting} / {method} / seed {run.seed}"
+    title = f"Plain k-means of the client models, on ACMU's PCA view: {label}"
+    if not plot_acmu(run.metrics(), png, title=title, color_by="kmeans"):
+        return None
+    return (f"The clients of the ACMU figure coloured by a plain (Euclidean) k-means of their models with as many "
+            f"clusters as ACMU formed (MuPFL's Fig. 10, \"K-Means\"), {label} ({run.dir}).", png)  # fmt: skip
+
+
 def warnings_block(warnings: list[str]) -> list[str]:
     return ["## Warnings", ""] + [f"- {w}" for w in warnings] + [""] if warnings else []
 
@@ -545,6 +556,9 @@ def collection_figures(
             fig = acmu_figure(run, s, m, scatter_png(f"{scatter_stem(run)}-{slug(s)}-{slug(m)}"))
             if fig:
                 figures.append(fig)
+                fig = kmeans_figure(run, s, m, scatter_png(f"kmeans-{slug(s)}-{slug(m)}"))
+                if fig:
+                    figures.append(fig)
                 if shown is not None:
                     shown[key] = heading
     return figures, notes

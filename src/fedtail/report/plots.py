@@ -166,9 +166,14 @@ def pick_rounds(rounds: Sequence[int], k: int) -> list[int]:
     return [rounds[i] for i in idx]
 
 
-def plot_acmu(rows: list[dict[str, Any]], path: Path, title: str = "", max_rounds: int = 4, max_edges: int = 3) -> bool:
-    """PCA scatter of client updates coloured by ACMU cluster; False if the log has no ACMU records."""
-    records = acmu_records(rows)
+def plot_acmu(
+    rows: list[dict[str, Any]], path: Path, title: str = "", max_rounds: int = 4, max_edges: int = 3,
+    color_by: str = "clusters",
+) -> bool:  # fmt: skip
+    """PCA scatter of client updates coloured by ACMU cluster (``color_by="kmeans"``: by the plain
+    k-means of the clients' models the record holds, Fig. 10's "K-Means" panel); False if the log
+    has no such records."""
+    records = {rnd: recs for rnd, recs in acmu_records(rows).items() if all(color_by in r for r in recs)}
     if not records:
         return False
     rounds = pick_rounds(list(records), max_rounds)
@@ -186,7 +191,7 @@ def plot_acmu(rows: list[dict[str, Any]], path: Path, title: str = "", max_round
                 ax.set_title(f"round {rnd}, edge {edge}: no record", fontsize=8)
                 continue
             xy = np.array([[float(p[0]), float(p[1])] for p in rec["pca"]])
-            clusters = [int(c) if isinstance(c, (int, float)) else -1 for c in rec["clusters"]]
+            clusters = [int(c) if isinstance(c, (int, float)) else -1 for c in rec[color_by]]
             palette = _colors(max(max(clusters) + 1, 1))
             for c in sorted(set(clusters)):
                 mask = np.array([k == c for k in clusters])
@@ -200,7 +205,9 @@ def plot_acmu(rows: list[dict[str, Any]], path: Path, title: str = "", max_round
                     ax.annotate(str(cid), (x, y), fontsize=6, xytext=(2, 2), textcoords="offset points")
             kappa, sil = rec.get("kappa"), rec.get("silhouette")
             sub = f"κ={kappa}" if kappa is not None else ""
-            if isinstance(sil, (int, float)) and math.isfinite(sil):
+            if color_by == "kmeans":
+                sub = f"k-means of the models, k={len(set(clusters))}"
+            elif isinstance(sil, (int, float)) and math.isfinite(sil):
                 sub += f", silhouette {sil:.2f}"
             ax.set_title(f"round {rnd}, edge {edge}\n{sub}", fontsize=8)
             ax.tick_params(labelsize=7)

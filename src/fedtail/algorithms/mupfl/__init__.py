@@ -129,7 +129,7 @@ from fedtail.algorithms.federated_features import (
     train_classifier,
     unpack_class_gradients,
 )
-from fedtail.algorithms.mupfl.acmu import cluster_clients, cluster_update, embedding, project_2d
+from fedtail.algorithms.mupfl.acmu import cluster_clients, cluster_update, embedding, plain_kmeans, project_2d
 from fedtail.algorithms.mupfl.bavd import ActivationMaps, activation_modules
 
 if TYPE_CHECKING:
@@ -143,6 +143,7 @@ PRESENT = "pkcf/present"  # edge forward: per class, how many of the edge's clie
 FEATURES, LABELS = "pkcf/features", "pkcf/labels"
 # edge upload of ACMU's clustering, for the server's log: its clients, their clusters, a 2-d PCA of their points
 ACMU_CLIENTS, ACMU_CLUSTERS, ACMU_PCA = "acmu/clients", "acmu/clusters", "acmu/pca"
+ACMU_KMEANS = "acmu/kmeans"  # plain k-means of the clients' models at the same κ (Fig. 10's "K-Means" panel)
 AGGREGATE = -1  # an edge's aggregate among its forwards; the others are keyed by client id (>= 0)
 
 
@@ -310,6 +311,7 @@ def _acmu_record(edge_id: int, msg: Message, full: bool) -> dict:
         "clients": msg.tensors[ACMU_CLIENTS].tolist(),
         "clusters": msg.tensors[ACMU_CLUSTERS].tolist(),
         "pca": [[round(x, 5), round(y, 5)] for x, y in msg.tensors[ACMU_PCA].tolist()],
+        "kmeans": msg.tensors[ACMU_KMEANS].tolist(),
     }
 
 
@@ -351,6 +353,7 @@ class ACMUEdge(EdgeHalf):
             ACMU_CLIENTS: torch.tensor(cids, device="cpu"),
             ACMU_CLUSTERS: torch.as_tensor(labels, device="cpu"),
             ACMU_PCA: torch.as_tensor(project_2d(points), device="cpu"),
+            ACMU_KMEANS: torch.as_tensor(plain_kmeans(weights, keys, kappa, self.ctx.seed(edge_id, *cids) % 2**31)),
         }
         if opts.pkcf:  # per-class sums and holder counts; the server divides (Eq. 17)
             for c in cids:

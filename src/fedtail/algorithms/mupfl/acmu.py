@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from fedtail.algorithms.base import Tensors
-from fedtail.algorithms.clustering import gram, gram_coordinates, kmeans, project_gram, server_threads
+from fedtail.algorithms.clustering import flatten, gram, gram_coordinates, kmeans, project_gram, server_threads
 
 
 def _cosines(rows: torch.Tensor) -> np.ndarray:
@@ -135,6 +135,22 @@ def cluster_clients(
         labels = run(k)
         return Clustering(labels, k, score(labels), {})
     return Clustering(best[2], best[1], best[0], scores)
+
+
+def plain_kmeans(weights: list[Tensors], keys: list[str], k: int, seed: int) -> np.ndarray:
+    """Fig. 10's "K-Means" panel, which "use[s] the K-Means algorithm to perform model clustering
+    with five central points": k-means (Euclidean, k-means++) of the clients' models w_i
+    themselves, with as many clusters as ACMU formed (so the panels differ in the geometry alone),
+    on the Gram coordinates of the centred models (the same problem, ``clustering.kmeans``). For
+    the log only: nothing trains with it. Singletons where k ≥ n."""
+    n = len(weights)
+    if k >= n or n < 2:
+        return np.arange(n)
+    if k <= 1:
+        return np.zeros(n, dtype=int)
+    flat = torch.stack([flatten(w, keys) for w in weights])
+    points = gram_coordinates(gram(flat, center=flat.mean(dim=0)))
+    return kmeans(points, k, seed, n_init=10, dim=flat.shape[1]).labels_
 
 
 def project_2d(points: Embedding) -> np.ndarray:
