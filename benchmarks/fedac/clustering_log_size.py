@@ -15,6 +15,8 @@ import json
 import sys
 from pathlib import Path
 
+from fedtail.report.runfiles import read_record  # metrics.jsonl or its .gz
+
 VIEWS = ("clients", "clusters", "pca", "round_clients", "round_pca")  # only in full records
 EVERY = (1, 5, 10, 20, 25, 50, 100)
 
@@ -25,7 +27,7 @@ def line_bytes(row: dict) -> int:
 
 def main(dirs: list[str]) -> None:
     for folder in dirs:
-        rows = [json.loads(line) for line in (Path(folder) / "metrics.jsonl").read_text().splitlines()]
+        rows = [json.loads(line) for line in (read_record(folder, "metrics.jsonl") or "").splitlines()]
         last = max(e["round"] for r in rows for e in r["rounds_log"])
         records = [e["clustering"] for r in rows for e in r["rounds_log"] if "clustering" in e]
         full = [len(json.dumps({"clustering": c})) + 2 for c in records]  # the key, ": " and ", " in the entry

@@ -15,13 +15,15 @@ import argparse
 import json
 from pathlib import Path
 
+from fedtail.report.runfiles import read_record  # metrics.jsonl or its .gz
+
 
 def evaluations(run: Path) -> list[tuple[int, float]]:
     """(round, personalised accuracy in percent) of every evaluated round of ``run``."""
-    path = run / "metrics.jsonl"
-    if not path.is_file():
+    text = read_record(run, "metrics.jsonl")
+    if text is None:
         raise SystemExit(f"{run}: no metrics.jsonl (not a run folder)")
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = [json.loads(line) for line in text.splitlines() if line.strip()]
     out = [(r["round"], 100 * r["personalized_acc"]) for r in rows if r.get("personalized_acc") is not None]
     if not out:
         raise SystemExit(f"{run}: no evaluated round in metrics.jsonl")

@@ -23,9 +23,11 @@ from pathlib import Path
 import numpy as np
 from scipy.stats import wilcoxon
 
+from fedtail.report.runfiles import read_record  # metrics.jsonl or its .gz
+
 
 def per_client(run: Path, last: int) -> np.ndarray:
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    rows = [json.loads(line) for line in (read_record(run, "metrics.jsonl") or "").splitlines() if line.strip()]
     rows = sorted((r for r in rows if isinstance(r.get("per_client_acc"), list)), key=lambda r: r["round"])
     if not rows:
         raise SystemExit(f"{run}: no evaluated round with per_client_acc in metrics.jsonl")

@@ -17,13 +17,15 @@ import argparse
 import json
 from pathlib import Path
 
+from fedtail.report.runfiles import read_record  # metrics.jsonl or its .gz
+
 DEFAULT = Path(__file__).parent / "runs/ccp-probe/s0.2/mds-every-round/seed0"
 TIE = 1e-9  # fedtail.algorithms.fedrema.TIE: a ratio within it of δ counts as δ
 
 
 def ratios(run: Path) -> list[dict]:
     """The ``fedrema`` record of every round, in order (rounds after the last evaluation included)."""
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (read_record(run, "metrics.jsonl") or "").splitlines()]
     records = [log["fedrema"] for row in rows for log in row["rounds_log"]]
     summary = json.loads((run / "summary.json").read_text())
     records += [log["fedrema"] for log in summary.get("rounds_log", [])]

@@ -17,13 +17,15 @@ from pathlib import Path
 
 import numpy as np
 
+from fedtail.report.runfiles import read_record  # metrics.jsonl or its .gz
+
 DEFAULT = Path("benchmarks/fedrema/runs/rounds-probe/s0.2/fedavg/seed0")  # from the repository root
 WINDOWS = [(0, 50), (50, 100), (100, 150), (150, 200), (200, 250), (250, 300)]
 
 
 def curve(run: Path) -> tuple[np.ndarray, np.ndarray]:
     """The evaluated rounds and their personalised accuracy in percent."""
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    rows = [json.loads(line) for line in (read_record(run, "metrics.jsonl") or "").splitlines() if line.strip()]
     rows = [r for r in rows if r.get("personalized_acc") is not None]
     if not rows:
         raise SystemExit(f"{run}: no evaluated round in metrics.jsonl")

@@ -16,6 +16,8 @@ import json
 from collections import Counter
 from pathlib import Path
 
+from fedtail.report.runfiles import read_record  # metrics.jsonl or its .gz
+
 RUNS = Path("benchmarks/gldp/runs")  # from the repository root
 
 
@@ -25,8 +27,8 @@ def main() -> None:
     runs = parser.parse_args().runs
     rows = []
     for folder in ("spatial", "stages"):
-        for path in sorted((runs / folder).glob("*/fedavg/seed0/partition.json")):
-            part = json.loads(path.read_text())
+        for path in sorted((runs / folder).glob("*/fedavg/seed0/summary.json")):
+            part = json.loads(read_record(path.parent, "partition.json") or "{}")
             sizes = Counter(len(stage["classes"]) for client in part["clients"] for stage in client["stages"])
             rows.append((path.parts[-4], sizes))
     if not rows:

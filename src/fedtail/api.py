@@ -169,10 +169,11 @@ def load_run(run_dir: str | Path) -> RunResult:
 
     config = RunConfig.model_validate(read("config.json"))
     summary = read("summary.json")
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()] if (
-        run_dir / "metrics.jsonl"
-    ).is_file() else []
-    partition = read("partition.json") if (run_dir / "partition.json").is_file() else None
+    from fedtail.report.runfiles import read_record  # metrics.jsonl or metrics.jsonl.gz, ...
+
+    rows = [json.loads(line) for line in (read_record(run_dir, "metrics.jsonl") or "").splitlines() if line.strip()]
+    text = read_record(run_dir, "partition.json")
+    partition = json.loads(text) if text is not None else None
     return RunResult(summary, rows, config, run_dir, partition)
 
 

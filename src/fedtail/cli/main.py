@@ -294,6 +294,10 @@ def sweep(
         help="finished runs of other sweeps (repeatable): time guesses, per round and algorithm, for runs "
         "with none of their own",
     ),
+    compress: bool = typer.Option(
+        False, "--compress", help="store each finished run's metrics.jsonl and partition.json gzipped (.gz), "
+        "as the committed benchmark runs are; every reader reads both",
+    ),
 ) -> None:
     """Run settings × methods × seeds from a TOML file, in parallel, skipping finished runs.
 
@@ -317,6 +321,7 @@ def sweep(
             rerun_diverged=rerun_diverged,
             supersede_tag=supersede,
             times_from=times_from,
+            compress=compress,
         )
     except FedtailError as err:
         fail(str(err))
@@ -405,11 +410,20 @@ def runs_cmd(
     root: Path = typer.Argument(..., help="folder holding run folders (searched recursively)"),
     csv: Optional[Path] = typer.Option(None, "--csv", help="write the table as CSV to this file"),
     parquet: Optional[Path] = typer.Option(None, "--parquet", help="write the table as Parquet (needs pyarrow)"),
+    compress: bool = typer.Option(
+        False, "--compress", help="also store every finished run's metrics.jsonl and partition.json gzipped "
+        "(.gz) in place of the plain files (unfinished runs are left alone)",
+    ),
 ) -> None:
     """Every finished run under ROOT as one row (config, final / best / last-10 metrics, status,
     seconds, code commit): printed briefly, written whole with --csv / --parquet (fedtail.load_runs)."""
     from fedtail.tables import load_runs
 
+    if compress:
+        from fedtail.report.runfiles import compress_records
+
+        packed = [p for summary in sorted(root.rglob("summary.json")) for p in compress_records(summary.parent)]
+        console.print(f"compressed {len(packed)} record(s) under {root}", highlight=False)
     try:
         frame = load_runs(root)
         if parquet is not None:

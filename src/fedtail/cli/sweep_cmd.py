@@ -17,6 +17,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from fedtail.errors import ConfigError
+from fedtail.report.runfiles import compress_records
 from fedtail.sweep import (
     RunOutcome,
     Runner,
@@ -79,10 +80,12 @@ def execute(
     deadline: float | None = None,
     times: WallTimes | None = None,
     rerun_diverged: bool = False,
+    compress: bool = False,
 ) -> list[RunOutcome]:
     """Run the selected pending (and, with ``force``, stale) runs; writes ``{out}/sweep.json`` if any.
 
     ``deadline`` (:func:`time.monotonic`): runs expected to end later are deferred (:class:`Runner`).
+    ``compress``: a run that finishes gets its records compressed (``compress_records``).
     """
     todo = to_run(statuses, sweep, force, rerun_diverged)
     if not todo:  # nothing changes: sweep.json keeps the record of the sweep that ran the runs
@@ -103,6 +106,8 @@ def execute(
         task = progress.add_task("runs", total=len(todo))
 
         def on_done(outcome: RunOutcome) -> None:
+            if compress and outcome.ok and not outcome.skipped:
+                compress_records(outcome.run.dir)
             record.update(outcome)
             progress.console.print(describe_outcome(outcome), highlight=False, soft_wrap=True)
             progress.advance(task)
@@ -168,6 +173,7 @@ def sweep_command(
     seeds: list[int] | None = None,
     supersede_tag: str | None = None,
     times_from: list[Path] | None = None,
+    compress: bool = False,
 ) -> int:
     """``fedtail sweep``: 0 unless a run failed (then 1).
 
@@ -207,6 +213,7 @@ def sweep_command(
     argv += ["--supersede", supersede_tag] if supersede_tag is not None else []
     argv += ["--rerun-diverged"] if rerun_diverged else []
     argv += ["--time-limit", time_limit] if time_limit is not None else []
+    argv += ["--compress"] if compress else []
     for folder in times_from or []:
         argv += ["--times-from", str(folder)]
     say = lambda text: console.print(text, highlight=False, soft_wrap=True)  # noqa: E731
@@ -248,6 +255,7 @@ def sweep_command(
         deadline=deadline,
         times=times,
         rerun_diverged=rerun_diverged,
+        compress=compress,
     )
     diverged = [o for o in outcomes if o.diverged]
     failed = [o for o in outcomes if not o.ok and not o.skipped and not o.deferred and not o.diverged]

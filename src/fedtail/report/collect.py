@@ -14,7 +14,6 @@ that accuracy's numbers, so a table has a row per named accuracy (GLDP-GP and GL
 
 from __future__ import annotations
 
-import gzip
 import json
 import re
 from dataclasses import dataclass, field, replace
@@ -25,6 +24,7 @@ import numpy as np
 
 from fedtail.errors import FedtailError
 from fedtail.metrics.record import SUMMARY_KEYS, reductions
+from fedtail.report.runfiles import read_record
 
 _SEED_DIR = re.compile(r"seed(\d+)")
 
@@ -59,9 +59,8 @@ class Run:
         compressed (the repository keeps files under 1 MB); unreadable lines are skipped."""
         if self._metrics is None:
             rows: list[dict[str, Any]] = []
-            plain, packed = self.dir / "metrics.jsonl", self.dir / "metrics.jsonl.gz"
             try:
-                text = plain.read_text() if plain.exists() or not packed.exists() else gzip.decompress(packed.read_bytes()).decode()
+                text = read_record(self.dir, "metrics.jsonl") or ""
                 for line in text.splitlines():
                     try:
                         row = json.loads(line)
@@ -78,7 +77,7 @@ class Run:
         """Training samples per class of every client (clients × classes), from ``partition.json``;
         None where the folder has none."""
         try:
-            clients = json.loads((self.dir / "partition.json").read_text())["clients"]
+            clients = json.loads(read_record(self.dir, "partition.json") or "")["clients"]
             return np.array([c["train_counts"] for c in clients], dtype=np.int64)
         except (OSError, ValueError, KeyError, TypeError):
             return None

@@ -5,10 +5,16 @@
 ``checkpoint_every`` > 0 the folder also holds ``checkpoint.pt`` (the state after a round, see
 :mod:`fedtail.engine.checkpoint`) and ``checkpoint.json`` (its round and config, for the
 sweep); both are deleted when the run finishes.
+
+A finished run's large records may be stored compressed (:func:`compress_records`:
+``metrics.jsonl.gz`` and ``partition.json.gz``, gzip -9, in place of the plain files; the committed
+benchmark runs are, to keep a checkout light). Everything that reads a record reads either
+(:func:`read_record`).
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import os
@@ -48,6 +54,48 @@ def metrics_line(row: dict[str, Any]) -> str:
 
 def is_finished(run_dir: str | Path) -> bool:
     return (Path(run_dir) / "summary.json").is_file()
+
+
+COMPRESSED = ("metrics.jsonl", "partition.json")  # the records a finished run may hold as NAME.gz
+
+
+def read_record(run_dir: str | Path, name: str) -> str | None:
+    """The text of ``name`` in ``run_dir``, or of its compressed ``name.gz``; None if neither is there."""
+    plain = Path(run_dir) / name
+    try:
+        return plain.read_text()
+    except FileNotFoundError:
+        pass
+    try:
+        return gzip.decompress(plain.with_name(name + ".gz").read_bytes()).decode()
+    except FileNotFoundError:
+        return None
+
+
+def has_record(run_dir: str | Path, name: str) -> bool:
+    plain = Path(run_dir) / name
+    return plain.is_file() or plain.with_name(name + ".gz").is_file()
+
+
+def compress_records(run_dir: str | Path) -> list[Path]:
+    """Replace a finished run's ``metrics.jsonl`` and ``partition.json`` by gzip -9 copies (no
+    timestamp in the header, so the bytes depend on the content alone); the compressed files.
+    An unfinished run is left alone: its metrics still grow, and a resume rewrites them."""
+    run_dir = Path(run_dir)
+    if not is_finished(run_dir) or (run_dir / CHECKPOINT).exists():
+        return []
+    done = []
+    for name in COMPRESSED:
+        plain = run_dir / name
+        if not plain.is_file():
+            continue
+        packed = plain.with_name(name + ".gz")
+        tmp = packed.with_name(packed.name + ".tmp")
+        tmp.write_bytes(gzip.compress(plain.read_bytes(), compresslevel=9, mtime=0))
+        os.replace(tmp, packed)
+        plain.unlink()
+        done.append(packed)
+    return done
 
 
 def config_diff(old: Any, new: Any, ignore: tuple[str, ...] = IGNORED_KEYS, prefix: str = "") -> list[str]:
@@ -100,7 +148,8 @@ class RunWriter:
 
     def start(self, config: dict[str, Any], extra: dict[str, Any] | None = None) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
-        for stale in ("summary.json", "metrics.jsonl", "FAILED", CHECKPOINT, CHECKPOINT_INFO):
+        for stale in ("summary.json", "metrics.jsonl", "FAILED", CHECKPOINT, CHECKPOINT_INFO,
+                      *(name + ".gz" for name in COMPRESSED)):  # fmt: skip
             (self.dir / stale).unlink(missing_ok=True)
         write_json(self.dir / "config.json", config)
         for name, data in (extra or {}).items():

@@ -42,6 +42,7 @@ from typing import Any, NamedTuple
 
 from fedtail.errors import FedtailError
 from fedtail.machine import current_capability, run_capability
+from fedtail.report.runfiles import read_record
 from fedtail.sweep.spec import PlannedRun
 from fedtail.sweep.status import RunStatus
 
@@ -92,7 +93,10 @@ def rounds_done(run_dir: Path) -> int:
             fh.seek(max(0, path.stat().st_size - TAIL_BYTES))
             lines = fh.read().splitlines()
     except OSError:
-        return 0
+        packed = read_record(run_dir, "metrics.jsonl")  # a finished run stored compressed
+        if packed is None:
+            return 0
+        lines = packed.encode().splitlines()
     for line in reversed(lines):
         try:
             value = json.loads(line).get("round")
