@@ -27,10 +27,13 @@ def main() -> None:
     runs = parser.parse_args().runs
     rows = []
     for folder in ("spatial", "stages"):
-        for path in sorted((runs / folder).glob("*/fedavg/seed0/summary.json")):
-            part = json.loads(read_record(path.parent, "partition.json") or "{}")
+        for path in sorted((runs / folder).glob("*/fedavg/seed0/")):
+            text = read_record(path, "partition.json")
+            if text is None:
+                continue
+            part = json.loads(text)
             sizes = Counter(len(stage["classes"]) for client in part["clients"] for stage in client["stages"])
-            rows.append((path.parts[-4], sizes))
+            rows.append((path.parts[-3], sizes))
     if not rows:
         raise SystemExit(f"no partition.json under {runs}/spatial or {runs}/stages")
     widths = sorted({k for _, sizes in rows for k in sizes})
