@@ -21,7 +21,8 @@ $(FLOWER): $(STAMP) requirements-flower.txt
 	$(PIP) -r requirements.txt -r requirements-flower.txt
 	touch $(FLOWER)
 
-# TensorBoard (fedtail.tracking, --log tensorboard) on top of Flower's pins (grpcio, protobuf): `make test` reads its logs back.
+# TensorBoard and MLflow (fedtail.tracking, --log tensorboard / mlflow) on top of Flower's pins (grpcio, protobuf,
+# SQLAlchemy, alembic): `make test` reads their logs back.
 install-tracking: $(TRACKING)
 
 $(TRACKING): $(FLOWER) requirements-tracking.txt

@@ -84,3 +84,86 @@ def test_bad_log_settings_are_clear_errors_and_sweeps_ignore_the_setting(tmp_pat
     plain = tiny_config().model_dump(mode="json")
     assert "log" not in plain  # left out of config.json when unset
     assert config_diff(plain, tiny_config(log=["tensorboard"]).model_dump(mode="json")) == []
+
+
+# --- MLflow -------------------------------------------------------------------------------------
+
+
+def _mlflow_client(out):
+    mlflow = pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=f"sqlite:///{(out / 'mlflow.db').resolve()}")
+
+
+def test_mlflow_holds_params_metrics_and_artifacts_as_the_run_folder(tmp_path):
+    out = tmp_path / "r"
+    fedtail.run(algorithm="fedprox", out=out, log=["mlflow"], eval_every=2, set={"fedprox.mu": 0.1, **TINY["set"]},
+                **{k: v for k, v in TINY.items() if k != "set"})  # fmt: skip
+    client = _mlflow_client(out)
+    (experiment,) = [e for e in client.search_experiments() if e.name == "fedtail"]
+    (run,) = client.search_runs([experiment.experiment_id])
+    assert run.info.status == "FINISHED" and run.info.run_name == "r"
+    assert run.data.params["algorithm"] == "fedprox" and run.data.params["options.mu"] == "0.1"
+    assert run.data.params["train.lr"] == "0.05"
+    rows = rows_of(out)
+    for tag, key in (("accuracy/personalized", "personalized_acc"), ("train/loss", "train_loss")):
+        history = client.get_metric_history(run.info.run_id, tag)
+        assert [m.step for m in history] == [r["round"] for r in rows] == [2, 4]
+        assert [m.value for m in history] == pytest.approx([r[key] for r in rows], rel=1e-9)
+    names = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"summary.json", "config.json", "partition.json", "accuracy.png"} <= names
+    assert (out / "mlflow_run_id").read_text().strip() == run.info.run_id
+
+
+def test_a_resumed_run_continues_the_same_mlflow_run(tmp_path):
+    config = tiny_config(rounds=5, checkpoint_every=2, log=["mlflow"])
+    out = tmp_path / "cut"
+
+    class Stop(Exception):
+        pass
+
+    def stop(rnd, row):
+        if rnd == 3:
+            raise Stop
+
+    with pytest.raises(Stop):
+        run_to_folder(config, out, [OnRound(stop)])
+    client = _mlflow_client(out)
+    (first,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert first.info.status == "FAILED"
+    run_to_folder(config, out, resume=None)
+    (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert run.info.run_id == first.info.run_id and run.info.status == "FINISHED"
+    last = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "accuracy/personalized")}
+    rows = rows_of(out)
+    assert sorted(last) == [r["round"] for r in rows] == [1, 2, 3, 4, 5]
+    assert [last[r["round"]] for r in rows] == pytest.approx([r["personalized_acc"] for r in rows], rel=1e-9)
+
+
+def test_a_sweep_names_the_experiment_and_the_runs(tmp_path):
+    pytest.importorskip("mlflow")
+    from helpers import invoke, sweep_base
+
+    path = tmp_path / "s.toml"
+    body = f'out = "{(tmp_path / "runs").as_posix()}"\nseeds = [0]\n' + sweep_base(1)
+    path.write_text(body + '[methods.fedavg]\nlog = ["mlflow"]\n')
+    res = invoke("sweep", str(path))
+    assert res.exit_code == 0, res.output
+    run_dir = tmp_path / "runs" / "default" / "fedavg" / "seed0"
+    client = _mlflow_client(run_dir)
+    (experiment,) = [e for e in client.search_experiments() if e.name != "Default"]
+    assert experiment.name == str(path)
+    (run,) = client.search_runs([experiment.experiment_id])
+    assert run.info.run_name == "default/fedavg/seed0"
+
+
+def test_mlflow_missing_is_one_clear_error(tmp_path, monkeypatch):
+    with pytest.raises(ConfigError, match="without an out folder needs --log mlflow:URI"):
+        fedtail.run(algorithm="fedavg", out=None, log=["mlflow"], **TINY)
+    monkeypatch.setitem(sys.modules, "mlflow", None)
+    monkeypatch.setitem(sys.modules, "mlflow.entities", None)
+    monkeypatch.setitem(sys.modules, "mlflow.tracking", None)
+    with pytest.raises(ConfigError, match="pip install mlflow-skinny"):
+        fedtail.run(algorithm="fedavg", out=tmp_path / "x", log=["mlflow"], **TINY)
+    assert not (tmp_path / "x").exists()

@@ -217,7 +217,7 @@ class RunConfig(BaseModel):
     # results
     log: list[str] = Field(
         default_factory=list,
-        json_schema_extra=setting("tensorboard[:DIR] (repeatable): each evaluation's metrics as TensorBoard scalars too (default DIR: OUT/tensorboard); needs pip install tensorboard", panel='Logging', omit_default=True, sweep_ignores=True)
+        json_schema_extra=setting("tensorboard[:DIR] | mlflow[:URI] (repeatable): each evaluation's metrics as TensorBoard scalars (default DIR: OUT/tensorboard) or as an MLflow run (default: a SQLite store OUT/mlflow.db) too; needs pip install tensorboard / mlflow-skinny", panel='Logging', omit_default=True, sweep_ignores=True)
     )
     class_probabilities: bool = Field(
         False,

@@ -114,7 +114,7 @@ def execute(
 
         try:
             times = learned(statuses) if times is None else times
-            outcomes = Runner(jobs, force, deadline, times, rerun_diverged).map(todo, on_done)
+            outcomes = Runner(jobs, force, deadline, times, rerun_diverged, experiment=str(sweep.file)).map(todo, on_done)
         except BaseException:
             record.interrupt(todo)
             raise

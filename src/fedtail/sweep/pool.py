@@ -74,8 +74,10 @@ class Runner:
         deadline: float | None = None,
         times: WallTimes | None = None,
         rerun_diverged: bool = False,
+        experiment: str | None = None,
     ) -> None:
         self.jobs = jobs
+        self.experiment = experiment  # what a run's tracking calls the sweep (--log mlflow's experiment)
         self.force = force
         self.rerun_diverged = rerun_diverged
         self.deadline = deadline
@@ -84,9 +86,15 @@ class Runner:
         self.lock = threading.Lock()
         self.stopped = threading.Event()
 
-    def _env(self) -> dict[str, str]:
+    def _env(self, run: PlannedRun | None = None) -> dict[str, str]:
+        from fedtail.tracking import EXPERIMENT_ENV, RUN_NAME_ENV
+
         env = dict(os.environ)
         env.pop("FEDTAIL_PROGRESS", None)  # the child's output goes to a log file
+        if self.experiment is not None:
+            env[EXPERIMENT_ENV] = self.experiment
+        if run is not None:
+            env[RUN_NAME_ENV] = run.label
         return env
 
     def run_one(self, run: PlannedRun) -> RunOutcome:
@@ -145,7 +153,7 @@ class Runner:
                 stdin=subprocess.PIPE,
                 stdout=fh,
                 stderr=subprocess.STDOUT,
-                env=self._env(),
+                env=self._env(run),
                 text=True,
             )
             with self.lock:
