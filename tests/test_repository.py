@@ -35,3 +35,14 @@ def test_no_committed_file_is_over_the_limit():
 def test_no_checkpoint_is_committed():
     names = [str(p.relative_to(ROOT)) for p in tracked_files() if p.name in ("checkpoint.pt", "checkpoint.json")]
     assert not names, f"checkpoints of unfinished runs are committed: {names}"
+
+
+def test_committed_runs_store_their_records_compressed():
+    """The checkout stays light (issue 68): a committed run folder holds metrics.jsonl.gz and
+    partition.json.gz (fedtail sweep --compress, fedtail runs ROOT --compress), not the plain files."""
+    files = tracked_files()
+    plain = sorted(str(p.relative_to(ROOT)) for p in files
+                   if p.name in ("metrics.jsonl", "partition.json") and "benchmarks" in p.parts)  # fmt: skip
+    assert not plain, f"commit these compressed (fedtail runs DIR --compress): {plain[:5]} ({len(plain)} in all)"
+    runs = sum(1 for p in files if p.name == "metrics.jsonl.gz")
+    assert runs > 100  # the benchmark runs are there, compressed
