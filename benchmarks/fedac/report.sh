@@ -23,3 +23,4 @@ report path3_validation_fmnist PATH3_VALIDATION \
   "FedAC on Fashion-MNIST, 3 classes per client: fixed-K mu grid on validation data (issue 64)"
 report validation_fmnist VALIDATION "FedAC and baselines on Fashion-MNIST: validation runs for the open hyperparameters"
 report validation1000_fmnist VALIDATION1000 "FedAC and baselines on Fashion-MNIST: validation at the full 1000-round budget"
+report fig2_fmnist FIG2 "FedAC's Fig. 2 on Fashion-MNIST: client similarity of data and models (issue 65)"

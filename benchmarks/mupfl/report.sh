@@ -23,3 +23,15 @@ cd "$(dirname "$0")/../.."
   --sweep benchmarks/mupfl/validation2_mupfl_fmnist.toml \
   --out benchmarks/mupfl/VALIDATION2.md \
   --title "MuPFL on Fashion-MNIST: validation sweep 2 (readings, PKCF order, BAVD variants, baselines' options)"
+# The learning-rate probe (issue 64) and the validation at the paper's lr 0.01 it led to.
+.venv/bin/fedtail report \
+  --sweep benchmarks/mupfl/lr_probe_fmnist.toml \
+  --out benchmarks/mupfl/LR_PROBE.md \
+  --title "MuPFL on Fashion-MNIST: learning-rate probe (issue 64)" \
+  --command "fedtail sweep benchmarks/mupfl/lr_probe_fmnist.toml"
+# Fig. 3(b): FedAvg's prediction probabilities of each class (issue 65).
+.venv/bin/fedtail report \
+  --sweep benchmarks/mupfl/fig3b_fmnist.toml \
+  --out benchmarks/mupfl/FIG3B.md \
+  --title "MuPFL's Fig. 3(b) on Fashion-MNIST: FedAvg's prediction probabilities of each class (issue 65)" \
+  --command "fedtail sweep benchmarks/mupfl/fig3b_fmnist.toml"
