@@ -353,7 +353,7 @@ class ACMUEdge(EdgeHalf):
             ACMU_CLIENTS: torch.tensor(cids, device="cpu"),
             ACMU_CLUSTERS: torch.as_tensor(labels, device="cpu"),
             ACMU_PCA: torch.as_tensor(project_2d(points), device="cpu"),
-            ACMU_KMEANS: torch.as_tensor(plain_kmeans(weights, keys, kappa, self.ctx.seed(edge_id, *cids) % 2**31)),
+            ACMU_KMEANS: torch.as_tensor(plain_kmeans(weights, keys, kappa, self.ctx.seed(edge_id, *cids) % 2**31), device="cpu"),
         }
         if opts.pkcf:  # per-class sums and holder counts; the server divides (Eq. 17)
             for c in cids:
