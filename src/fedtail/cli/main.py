@@ -30,6 +30,21 @@ EXIT_BAD_INPUT = 2
 EXIT_DIVERGED = 3
 
 
+def _version(value: bool) -> None:
+    if value:
+        from fedtail import __version__
+
+        print(f"fedtail {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="print the version and exit"),
+) -> None:
+    """Personalized federated learning on long-tailed data."""
+
+
 def fail(message: str, code: int = EXIT_BAD_INPUT) -> None:
     from rich.markup import escape
 
