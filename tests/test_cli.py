@@ -220,3 +220,14 @@ def test_a_setting_declared_on_its_field_gets_its_flag_help_and_config_json_rule
     assert "--gizmos" in shown.output and "gizmos per round" in shown.output and "Rounds and evaluation" in shown.output
     assert runner.invoke(app, ["--gizmos", "7", "--clients", "4"]).exit_code == 0
     assert seen["gizmos"] == 7 and seen["clients"] == 4 and seen["rounds"] is None
+
+
+def test_version_is_the_one_version_string():
+    import tomllib
+
+    import fedtail
+
+    res = invoke("--version")
+    assert res.exit_code == 0 and res.output.strip() == f"fedtail {fedtail.__version__}"
+    project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]
+    assert "version" not in project and project["dynamic"] == ["version"]  # read from fedtail.__version__
