@@ -287,7 +287,7 @@ def plot_client_similarity(
     for ax, (name, matrix, label) in zip(axes[0], panels):
         cmap = "viridis_r" if label in ("KL", "L2") else "viridis"  # alike = bright in every panel
         image = ax.imshow(matrix, cmap=cmap, vmin=-1.0 if label == "cosine" else None,
-                          vmax=1.0 if label == "cosine" else None, aspect="auto")  # fmt: skip
+                          vmax=1.0 if label == "cosine" else None, aspect="auto", interpolation="nearest")  # fmt: skip
         ax.set_title(name, fontsize=8)
         ax.set_xlabel("client", fontsize=7)
         ax.set_ylabel("class" if label == "samples" else "client", fontsize=7)
