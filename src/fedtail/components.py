@@ -262,17 +262,23 @@ def _complete(spec: Any, options: dict[str, Any]) -> dict[str, Any]:
     return {**full, **options}
 
 
+def _stored_spec(config: Any) -> Any:
+    """The algorithm of a ``config.json`` dict, or None (not a dict with dict options, or an
+    algorithm that cannot be loaded)."""
+    if not isinstance(config, dict) or not isinstance(config.get("options", {}), dict):
+        return None
+    try:
+        return algorithm(str(config.get("algorithm", "fedavg")))
+    except ConfigError:
+        return None
+
+
 def migrate(config: Any) -> Any:
     """A ``config.json`` dict stored by an older fedtail, in today's form: its algorithm's
     ``migrate`` (e.g. FedBABU's fine-tuning options, now the engine's ``finetune``); anything
     else (today's form, another algorithm, an unknown one) unchanged."""
-    if not isinstance(config, dict) or not isinstance(config.get("options", {}), dict):
-        return config
-    try:
-        spec = algorithm(str(config.get("algorithm", "fedavg")))
-    except ConfigError:
-        return config
-    return config if spec.migrate is None else spec.migrate(config)
+    spec = _stored_spec(config)
+    return config if spec is None or spec.migrate is None else spec.migrate(config)
 
 
 def resolved_options(config: dict[str, Any]) -> dict[str, Any]:
@@ -287,13 +293,8 @@ def resolved_options(config: dict[str, Any]) -> dict[str, Any]:
     is what such a run ran with (docs/sweeps.md lists the defaults changed since, whose folders
     were given the values they ran with)."""
     config = migrate(config)
-    if not isinstance(config, dict) or not isinstance(config.get("options", {}), dict):
-        return config
-    try:
-        spec = algorithm(str(config.get("algorithm", "fedavg")))
-    except ConfigError:
-        return config
-    return config | {"options": _complete(spec, dict(config.get("options") or {}))}
+    spec = _stored_spec(config)
+    return config if spec is None else config | {"options": _complete(spec, dict(config.get("options") or {}))}
 
 
 def build_config(
