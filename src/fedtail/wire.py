@@ -13,7 +13,9 @@ are named here, and the engine, the algorithms and Flower's codec use these name
   accuracies): per-class counts :data:`CORRECT` and :data:`TOTAL`, shaped (classes,).
   :func:`correct_key` names the counts of a named accuracy (``correct:NAME``: several prediction
   rules of one model). With stage tasks there are the same per seen stage, shaped
-  (stages, classes), under :func:`stage_key`. At a round of ``--similarity-rounds`` it also holds
+  (stages, classes), under :func:`stage_key`. A segmentation task's replies add :data:`CONFUSION`,
+  the pixel confusion matrix (classes × classes, true by predicted), whose diagonal and row
+  sums the per-class counts are. At a round of ``--similarity-rounds`` it also holds
   :data:`EVAL_MODEL`, the evaluated model's parameters as one flat vector
   (:mod:`fedtail.metrics.similarity`).
 """
@@ -33,6 +35,7 @@ CORRECT = "correct"  # evaluation tensors: correct predictions per class
 TOTAL = "total"  # evaluation tensors: evaluated samples per class
 NAMED = "correct:"  # evaluation tensors: "correct:NAME", the counts of the named accuracy NAME
 BY_STAGE = "stage_"  # evaluation tensors: the per-stage arrays, "stage_correct", "stage_total", ...
+CONFUSION = "confusion"  # evaluation tensors, segmentation: pixels per (true class, predicted class)
 EVAL_MODEL = "evaluated_model"  # evaluation tensors at similarity rounds: the scored model, flattened
 
 

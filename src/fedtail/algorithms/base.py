@@ -259,6 +259,10 @@ class Algorithm:
     # latest locally trained model (its last upload) as its local model for A_local
     # (fedtail.metrics.stages).
     personal_model: bool = True
+    # the dataset tasks the method runs on (fedtail.data.base.Task): "segmentation" where its client
+    # step is supervised training through ctx.train / ctx.evaluate on any SplitModel (the head a
+    # per-pixel classifier), tested by one round each (tests/test_segmentation.py)
+    tasks: tuple[str, ...] = ("classification",)
     registry: ClassVar[dict[str, "Algorithm"]] = {}
 
     def __post_init__(self) -> None:

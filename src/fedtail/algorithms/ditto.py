@@ -88,4 +88,5 @@ DITTO = Algorithm(
     client=DittoClient,
     config=DittoConfig,
     reference=Reference("the authors' code (litian96/ditto); PFLlib alike", options={"personal_init": "initial"}),
+    tasks=("classification", "segmentation"),
 )

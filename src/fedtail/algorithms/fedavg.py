@@ -56,4 +56,5 @@ FEDAVG = Algorithm(
     client=FedAvgClient,
     reference=Reference(PFLLIB),
     personal_model=False,
+    tasks=("classification", "segmentation"),
 )

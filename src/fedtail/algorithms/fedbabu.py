@@ -111,4 +111,5 @@ FEDBABU = Algorithm(
     client=FedBABUClient,
     reference=Reference(PFLLIB, head="last", finetune={"epochs": 5}),
     migrate=migrate,
+    tasks=("classification", "segmentation"),
 )

@@ -98,4 +98,5 @@ FEDNOVA = Algorithm(
     client=FedNovaClient,
     personal_model=False,
     reference=Reference("the authors' code (JYWa/FedNova)", weight_decay=1e-4),
+    tasks=("classification", "segmentation"),
 )

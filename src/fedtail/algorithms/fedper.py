@@ -48,4 +48,5 @@ FEDPER = Algorithm(
     server=BodyServer,
     client=FedPerClient,
     reference=Reference(PFLLIB, head="last"),
+    tasks=("classification", "segmentation"),
 )

@@ -74,4 +74,5 @@ FEDPROX = Algorithm(
     config=FedProxConfig,
     reference=Reference(PFLLIB),
     personal_model=False,
+    tasks=("classification", "segmentation"),
 )

@@ -154,4 +154,5 @@ FEDREP = Algorithm(
     reference=Reference(
         "the authors' code", head="last", momentum=0.5, weight_decay=1e-4, options={"final_finetune": True}
     ),
+    tasks=("classification", "segmentation"),
 )

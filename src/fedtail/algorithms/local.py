@@ -53,4 +53,5 @@ LOCAL = Algorithm(
     server=LocalServer,
     client=LocalClient,
     reference=Reference(PFLLIB),
+    tasks=("classification", "segmentation"),
 )

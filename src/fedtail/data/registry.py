@@ -10,6 +10,7 @@ from fedtail.data.base import Dataset
 from fedtail.data.cifar import load_cifar10, load_cifar100
 from fedtail.data.locate import SOURCES, locate
 from fedtail.data.mnist import load_fmnist, load_mnist
+from fedtail.data.segmentation import load_cityscapes, load_fmnist_seg
 from fedtail.data.synthetic import load_digits, load_synthetic
 from fedtail.data.tinyimagenet import load_tinyimagenet
 from fedtail.errors import ConfigError
@@ -23,7 +24,15 @@ DATASETS: dict[str, str] = {
     "synthetic": "Gaussian mixture in R^dim, generated in memory (options: num_classes, dim, "
     "train_per_class, test_per_class, separation, seed)",
     "digits": "scikit-learn's bundled 8x8 digits (1797 images, 10 classes), stratified 80/20 split, offline",
+    "fmnist-seg": "segmentation: canvases of 1-3 Fashion-MNIST items, each pixel its item's class or background "
+    "(11 classes), generated from fmnist and cached (options: size, train, test, items, scale, seed)",
+    "cityscapes": "segmentation: Cityscapes fine annotations (2975 train / 500 val as test), 19 train ids + "
+    "background, resized (options: height, width); the official leftImg8bit/ and gtFine/ folders in --data-dir",
 }
+# Segmentation datasets: built from another dataset's files (fmnist-seg from fmnist) or read from
+# their own folder (Cityscapes, which needs an account to download), with options.
+_DERIVED: dict[str, tuple[str, Callable[..., Dataset]]] = {"fmnist-seg": ("fmnist", load_fmnist_seg)}
+_FOLDERS: dict[str, Callable[..., Dataset]] = {"cityscapes": load_cityscapes}
 
 _FILE_LOADERS: dict[str, Callable[[Path], Dataset]] = {
     "fmnist": load_fmnist,
@@ -38,7 +47,7 @@ _GENERATED: dict[str, Callable[..., Dataset]] = {"synthetic": load_synthetic, "d
 def check_name(name: str) -> str:
     """``name`` normalised (case, dashes); ConfigError naming the allowed names otherwise."""
     key = str(name).strip().lower().replace("-", "").replace("_", "")
-    key = {"fashionmnist": "fmnist", "tinyimagenet200": "tinyimagenet"}.get(key, key)
+    key = {"fashionmnist": "fmnist", "tinyimagenet200": "tinyimagenet", "fmnistseg": "fmnist-seg"}.get(key, key)
     if key not in DATASETS:
         raise ConfigError(f"unknown dataset {name!r}; allowed: {', '.join(DATASETS)}")
     return key
@@ -49,7 +58,11 @@ def ensure_dataset(name: str, data_dir: str | Path | None = None, download: bool
     key = check_name(name)
     if key in _GENERATED:
         return None
-    return locate(key, data_dir, download_missing=download)
+    if key in _FOLDERS:
+        from fedtail.data.segmentation import find_cityscapes
+
+        return find_cityscapes(data_dir)
+    return locate(_DERIVED[key][0] if key in _DERIVED else key, data_dir, download_missing=download)
 
 
 def load_dataset(name: str, data_dir: str | Path | None = None, download: bool = True, **options: Any) -> Dataset:
@@ -60,9 +73,14 @@ def load_dataset(name: str, data_dir: str | Path | None = None, download: bool =
     generated datasets (synthetic, digits). Raises ConfigError (bad name/options) or DataError.
     """
     key = check_name(name)
-    if key in _GENERATED:
+    if key in _GENERATED or key in _DERIVED or key in _FOLDERS:
         try:
-            return _GENERATED[key](**options)
+            if key in _GENERATED:
+                return _GENERATED[key](**options)
+            if key in _FOLDERS:
+                return _FOLDERS[key](data_dir, **options)
+            source, loader = _DERIVED[key]
+            return loader(locate(source, data_dir, download_missing=download), **options)
         except TypeError as exc:  # unknown keyword
             raise ConfigError(f"bad options for dataset {key!r}: {exc}") from exc
     if options:
@@ -71,4 +89,5 @@ def load_dataset(name: str, data_dir: str | Path | None = None, download: bool =
     return _FILE_LOADERS[key](path)
 
 
-assert set(_FILE_LOADERS) == set(SOURCES) and set(_FILE_LOADERS) | set(_GENERATED) == set(DATASETS)
+assert set(_FILE_LOADERS) == set(SOURCES)
+assert set(_FILE_LOADERS) | set(_GENERATED) | set(_DERIVED) | set(_FOLDERS) == set(DATASETS)

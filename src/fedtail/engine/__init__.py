@@ -5,24 +5,54 @@ from __future__ import annotations
 from fedtail.config import RunConfig
 from fedtail.components import load_dataset
 from fedtail.data.base import Dataset
+from fedtail.errors import ConfigError
 from fedtail.partition import Partition, make_partition
 
 
 def prepare(config: RunConfig) -> tuple[Dataset, Partition]:
-    """Load the dataset and cut it into clients; raises FedtailError on bad input."""
+    """Load the dataset and cut it into clients; raises FedtailError on bad input.
+
+    Segmentation datasets are cut by each image's primary class, over the classes but the background.
+    """
     dataset = load_dataset(config.dataset, config.data_dir, **config.dataset_options)
-    config.partition.check(dataset.num_classes)
+    check_task(config, dataset)
+    classes = dataset.partition_classes
+    if config.partition.scheme == "semantic" and not dataset.segmentation:
+        raise ConfigError(f"--partition semantic relabels segmentation masks; {config.dataset!r} is a classification dataset")
+    if config.partition.scheme == "semantic" and dataset.background is None:
+        raise ConfigError(f"--partition semantic needs a background class, which {config.dataset!r} has not")
+    config.partition.check(classes)
     ids = lambda split: None if split.clients is None else split.clients.numpy().copy()  # noqa: E731
     partition = make_partition(
         dataset.train.labels,
         dataset.test.labels,
-        dataset.num_classes,
+        classes,
         config.partition,
         config.seed,
         train_clients=ids(dataset.train),
         test_clients=ids(dataset.test),
     )
+    if dataset.segmentation:
+        from fedtail.data.segmentation import pixel_counts
+
+        partition.pixel_counts = pixel_counts(dataset.train.y[partition.kept], dataset.num_classes)[:classes]
     return dataset, partition
 
 
-__all__ = ["prepare"]
+def check_task(config: RunConfig, dataset: Dataset) -> None:
+    """ConfigError unless the algorithm runs the dataset's task and the model predicts its kind of output."""
+    from fedtail.components import algorithm, build_model
+
+    spec = algorithm(config.algorithm)
+    if dataset.task not in spec.tasks:
+        raise ConfigError(
+            f"{config.algorithm} does not run {dataset.task} ({config.dataset}): it runs {', '.join(spec.tasks)}; "
+            "`fedtail list` names the algorithms that run each task"
+        )
+    dense = getattr(build_model(config.model, dataset.input_shape, dataset.num_classes, config.head), "dense", False)
+    if dense != dataset.segmentation:
+        want = "a segmentation model (seg-tiny, mobilenetv3-small-seg)" if dataset.segmentation else "a classifier"
+        raise ConfigError(f"--model {config.model} does not fit {config.dataset}, a {dataset.task} dataset: use {want}")
+
+
+__all__ = ["check_task", "prepare"]

@@ -131,6 +131,9 @@ class ClientData:
     blocks; all M after the first round of global optimisation with nested stages),
     ``classes_by_stage`` the classes of those stages and ``eval_groups`` the stage of each
     evaluation sample. Without stages: the client's whole data, ``stage`` 0 and no stage classes.
+
+    ``labels``: a segmentation client's label table (its own labelling, or None for the
+    dataset's), which every batch of its data goes through.
     """
 
     train: torch.Tensor
@@ -142,6 +145,7 @@ class ClientData:
     stage: int = 0
     classes_by_stage: tuple[torch.Tensor, ...] = ()
     eval_groups: torch.Tensor | None = None  # with stages: the stage of each eval_index entry
+    labels: torch.Tensor | None = None  # segmentation: the client's label table (Dataset.label_table)
 
     @property
     def num_train(self) -> int:
@@ -282,6 +286,7 @@ class ClientContext:
             grad_clip=cfg.grad_clip,
             params=params,
             hook=hook,
+            labels=self.data.labels,
         )
         self.stats += stats
         return stats
@@ -324,7 +329,7 @@ class ClientContext:
             train_epochs(
                 model, optimizer, self.dataset, self.data.train,
                 epochs=ft.epochs, steps=ft.steps, batch_size=cfg.batch_size, generator=self.generator,
-                grad_clip=None if plain else cfg.grad_clip, params=params,
+                grad_clip=None if plain else cfg.grad_clip, params=params, labels=self.data.labels,
             )  # fmt: skip
         finally:
             if frozen is not None:
@@ -336,7 +341,7 @@ class ClientContext:
         data = self.data
         return evaluate(
             model, self.dataset, data.eval_split, data.eval_index, self.num_classes, predict=predict, main=main,
-            groups=data.eval_groups, num_groups=len(data.classes_by_stage),
+            groups=data.eval_groups, num_groups=len(data.classes_by_stage), labels=data.labels,
         )
 
     def train_loss(self, role: str = "main") -> float:
@@ -344,7 +349,8 @@ class ClientContext:
 
         What IFCA-style clients use to pick the cluster model that fits their data best.
         """
-        counts = evaluate(self.model(role), self.dataset, self.dataset.train, self.data.train, self.num_classes)
+        counts = evaluate(self.model(role), self.dataset, self.dataset.train, self.data.train, self.num_classes,
+                          labels=self.data.labels)
         n = len(self.data.train)
         return counts.loss_sum / n if n else float("inf")
 
@@ -360,6 +366,8 @@ def eval_message(counts: EvalCounts) -> Message:
     staged = counts.by_stage_correct is not None and counts.by_stage_total is not None
     by_stage = (counts.by_stage_correct, counts.by_stage_total) if staged else None
     tensors = wire.eval_tensors(counts.correct, counts.total, counts.named, by_stage, counts.named_by_stage)
+    if counts.confusion is not None:
+        tensors[wire.CONFUSION] = counts.confusion
     return Message(kind="eval", tensors=tensors, metrics={"loss_sum": counts.loss_sum})
 
 

@@ -96,7 +96,8 @@ def client_views(
             split, index = dataset.train, val
         else:
             split, index = test_split, test
-        views.append(ClientData(train, test, val, test_split, split, index, stage or 0, classes, groups))
+        labels = dataset.label_table(client.classes) if client.classes is not None else None
+        views.append(ClientData(train, test, val, test_split, split, index, stage or 0, classes, groups, labels))
     return views
 
 

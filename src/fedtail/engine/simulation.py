@@ -55,6 +55,7 @@ from fedtail.metrics import Meter, RunRecord, global_metrics, personalized_metri
 from fedtail.metrics.record import NAMED_KEYS
 from fedtail.metrics.stages import StageCounts, local_metrics
 from fedtail.metrics.similarity import class_probabilities, client_similarity
+from fedtail.metrics.segmentation import global_segmentation, personalized_segmentation
 from fedtail.partition import Partition
 
 EVAL_CALL = 1 << 20  # call index of evaluation tasks: their seeds never collide with training's
@@ -323,13 +324,22 @@ class Simulation:
             counts = evaluate(model, self.dataset, self.dataset.test, None, self.dataset.num_classes,
                               probabilities=config.class_probabilities)  # fmt: skip
             global_row = global_metrics(counts.correct.numpy(), counts.total.numpy(), self.groups)
+            if counts.confusion is not None:
+                global_row |= global_segmentation(counts.confusion.numpy(), self.groups)
             if counts.prob_sum is not None:
                 global_row |= class_probabilities(counts)
             if config.plan.has_stages:
                 global_seen = self._global_seen_counts(rnd, model)
         models: dict[int, torch.Tensor] = {}
-        main, named, local, answered = self._gather(results, rnd, models)
+        confusions: dict[int, torch.Tensor] = {}
+        main, named, local, answered = self._gather(results, rnd, models, confusions)
         row |= personalized_metrics(main.correct, main.total, self.groups)
+        if self.dataset.segmentation:
+            C = self.dataset.num_classes
+            matrices = np.zeros((self.num_clients, C, C), dtype=np.int64)
+            for cid, m in confusions.items():
+                matrices[cid] = m.numpy()
+            row |= personalized_segmentation(matrices, self.groups)
         if models:
             row["client_similarity"] = self._similarity(models)
         if len(answered) < len(cids):  # a transport lost them (a Flower node down): left out of the means
@@ -359,7 +369,8 @@ class Simulation:
         return row
 
     def _gather(
-        self, results, rnd: int, models: dict[int, torch.Tensor] | None = None
+        self, results, rnd: int, models: dict[int, torch.Tensor] | None = None,
+        confusions: dict[int, torch.Tensor] | None = None,
     ) -> tuple[StageCounts, dict[str, StageCounts], StageCounts | None, set[int]]:
         """The clients' evaluation replies as count arrays (evaluation never writes client state).
 
@@ -367,7 +378,8 @@ class Simulation:
         and, for methods without personalised models in stage runs, those of the clients' local
         models (the headline counts for a client without one yet); the per-stage arrays are empty
         without stage tasks; and the clients that answered. The evaluated models a reply carries
-        (``--similarity-rounds``) go into ``models``.
+        (``--similarity-rounds``) go into ``models``, a segmentation reply's confusion matrix into
+        ``confusions``.
         """
         n, C = self.num_clients, self.dataset.num_classes
         stages = self.config.plan.seen_stages(rnd) if self.config.plan.has_stages else 0
@@ -396,6 +408,8 @@ class Simulation:
                 fill(local, result.cid, (result.local or result.reply).tensors)
             if models is not None and wire.EVAL_MODEL in t:
                 models[result.cid] = t[wire.EVAL_MODEL]
+            if confusions is not None and wire.CONFUSION in t:
+                confusions[result.cid] = t[wire.CONFUSION]
         return main, named, local, answered
 
     def _similarity(self, models: dict[int, torch.Tensor]) -> dict[str, Any]:

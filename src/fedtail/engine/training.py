@@ -71,12 +71,15 @@ def train_epochs(
     params: list[nn.Parameter] | None = None,
     steps: int | None = None,
     hook: StepHook | None = None,
+    labels: torch.Tensor | None = None,
 ) -> TrainStats:
     """SGD epochs over ``dataset.train[index]``; the loss is taken from the training pass itself.
 
     With ``steps``, exactly that many batches instead of ``epochs`` (reshuffled at every pass
     over the data), as FedAC's "local iterations" are single batches. ``hook``: what the
-    algorithm adds to each step (:class:`StepHook`).
+    algorithm adds to each step (:class:`StepHook`). ``labels``: a segmentation client's label
+    table (:meth:`~fedtail.data.base.Dataset.label_table`); the loss is then the mean per-pixel
+    cross-entropy over the pixels not ignored, and the samples counted are images.
     """
     stats = TrainStats()
     if len(index) == 0:
@@ -91,7 +94,7 @@ def train_epochs(
     for epoch, batch in _schedule(index, batch_size, generator, epochs, steps):
         if epoch is not None:
             hook.before_epoch(epoch)
-        x, y = dataset.batch(split, batch)
+        x, y = dataset.batch(split, batch, labels)
         if split_forward:
             features = model.features(x)
             logits = model.head(features)
@@ -159,11 +162,39 @@ class EvalCounts:
     # classes, float64) and the summed entropy of the predictions (nats)
     prob_sum: torch.Tensor | None = None
     entropy_sum: float | None = None
+    # segmentation: the pixel confusion matrix (true class × predicted class, int64); ``correct``
+    # and ``total`` are then its diagonal and row sums (pixels, not images)
+    confusion: torch.Tensor | None = None
 
     @property
     def accuracy(self) -> float:
         n = int(self.total.sum())
         return float(self.correct.sum()) / n if n else float("nan")
+
+
+def _evaluate_masks(
+    model: nn.Module, dataset: Dataset, split: Split, index: torch.Tensor | None, num_classes: int,
+    batch_size: int, labels: torch.Tensor | None,
+) -> EvalCounts:
+    """:func:`evaluate` of a segmentation model: the confusion matrix of its per-pixel argmax."""
+    device = split.y.device
+    confusion = torch.zeros(num_classes * num_classes, dtype=torch.int64, device=device)
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    if index is None:
+        index = torch.arange(len(split), device=device)
+    was_training = model.training
+    model.eval()
+    with torch.inference_mode():
+        for start in range(0, len(index), batch_size):
+            x, y = dataset.batch(split, index[start : start + batch_size], labels)
+            logits = model(x)
+            loss_sum += F.cross_entropy(logits, y, reduction="sum").double()
+            valid = y >= 0
+            cell = y[valid] * num_classes + logits.argmax(dim=1)[valid]
+            confusion += torch.bincount(cell, minlength=num_classes * num_classes)
+    model.train(was_training)
+    matrix = confusion.view(num_classes, num_classes).cpu()
+    return EvalCounts(matrix.diagonal().clone(), matrix.sum(dim=1), float(loss_sum), confusion=matrix)
 
 
 def evaluate(
@@ -178,6 +209,7 @@ def evaluate(
     groups: torch.Tensor | None = None,
     num_groups: int = 0,
     probabilities: bool = False,
+    labels: torch.Tensor | None = None,
 ) -> EvalCounts:
     """Accuracy counts of ``model`` (or of ``predict``, which maps inputs to logits/scores).
 
@@ -189,7 +221,15 @@ def evaluate(
     gets its correct counts in ``named``. ``groups`` (aligned with ``index``, values below
     ``num_groups``) adds counts per group and class. ``probabilities`` adds the summed softmax per
     true class and the summed prediction entropy (``--class-probabilities``).
+
+    Segmentation (masks in ``split.y``; ``labels``: the client's label table): every pixel not
+    ignored is a sample, and the counts add the pixel confusion matrix (:attr:`EvalCounts.confusion`).
     """
+    if split.y.dim() > 1:
+        if groups is not None or probabilities or predict is not None:
+            raise ValueError("segmentation evaluates the model's own masks: no stage groups, class "
+                             "probabilities or other prediction rules")
+        return _evaluate_masks(model, dataset, split, index, num_classes, batch_size, labels)
     device = split.y.device
     correct = torch.zeros(num_classes, dtype=torch.int64, device=device)
     total = torch.zeros(num_classes, dtype=torch.int64, device=device)

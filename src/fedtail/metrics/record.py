@@ -5,6 +5,8 @@ which one a number is, and ``last10``, the means over the final 10 rounds (the G
 Figure 4 plots "the test accuracy of our selected participating clients in the final 10 global
 rounds"). With stage tasks the best is taken among the rows of the final set of seen stages.
 Named accuracies (several prediction rules of one evaluation) get the same three entries each.
+Segmentation runs add their mIoU / mAcc entries (:data:`~fedtail.metrics.segmentation.SEGMENTATION_KEYS`);
+their accuracies are pixel accuracies.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from fedtail.metrics.accuracy import rounds_to_accuracy
+from fedtail.metrics.segmentation import SEGMENTATION_KEYS
 from fedtail.metrics.stages import STAGE_KEYS
 
 
@@ -75,7 +78,7 @@ def window_mean(rows: list[dict[str, Any]], keys: tuple[str, ...]) -> dict[str, 
 def reductions(rows: list[dict[str, Any]], values: list[dict[str, Any]], keys: tuple[str, ...]) -> dict[str, Any]:
     """``final``, ``best`` and ``last10`` of the rows' ``values`` (a row's own, or one named accuracy's).
 
-    ``best``: the highest ``personalized_acc`` (earliest on ties) among the rows with the final
+    ``best``: the highest ``personalized_acc`` (segmentation: ``personalized_miou``; earliest on ties) among the rows with the final
     row's set of seen stages (stage runs: an early stage is tested on fewer, often easier, stages,
     so its rows are no candidate for the run's best). ``last10``: the means over the rows of the
     final ``LAST_ROUNDS`` rounds of global optimisation (with ``rounds``, the first and last round
@@ -83,7 +86,9 @@ def reductions(rows: list[dict[str, Any]], values: list[dict[str, Any]], keys: t
     """
     final_row, final = rows[-1], values[-1]
     pairs = [(r, v) for r, v in zip(rows, values) if r.get("seen_stages") == final_row.get("seen_stages")]
-    best_row, best = max(pairs, key=lambda p: (p[1]["personalized_acc"], -p[0]["round"]))
+    # the headline: a segmentation run's mIoU, else the accuracy
+    key = "personalized_miou" if final.get("personalized_miou") is not None else "personalized_acc"
+    best_row, best = max(pairs, key=lambda p: (p[1].get(key) if p[1].get(key) is not None else -1.0, -p[0]["round"]))
     last = global_round(final_row) - LAST_ROUNDS
     window = [v | {"round": r["round"]} for r, v in zip(rows, values) if global_round(r) > last]
     return {
@@ -111,7 +116,7 @@ class RunRecord:
         history = [(r["round"], r["personalized_acc"]) for r in rows]
         global_history = [(r["round"], r["global_acc"]) for r in rows if r.get("global_acc") is not None]
         # Stage runs add their keys (A_local, A_global, A_part, the stage); other runs' entries are unchanged.
-        keys = SUMMARY_KEYS + tuple(k for k in STAGE_KEYS if k in final)
+        keys = SUMMARY_KEYS + tuple(k for k in STAGE_KEYS + SEGMENTATION_KEYS if k in final)
         out = {"status": "finished"} | reductions(rows, rows, keys)
         out |= {
             "best_global": (

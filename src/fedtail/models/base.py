@@ -32,13 +32,17 @@ class SplitModel(nn.Module):
         self.feature_dim = int(feature_dim)
         self.num_classes = int(num_classes)
         # Fail at construction, not inside some algorithm, if the head has no logits layer.
+        self._check_classifier()
+
+    channels_last = False  # set by to_channels_last()
+    dense = False  # per-pixel logits (models/segmentation.py's DenseSplitModel)
+
+    def _check_classifier(self) -> None:
         last = self.classifier
         if last.out_features != self.num_classes:
             raise ValueError(
                 f"the head's last Linear has {last.out_features} outputs, expected {self.num_classes}"
             )
-
-    channels_last = False  # set by to_channels_last()
 
     def to_channels_last(self) -> "SplitModel":
         """Store 4-D weights channels-last and feed images that way.

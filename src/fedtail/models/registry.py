@@ -10,6 +10,7 @@ from fedtail.models.base import HEAD_SPLITS, SplitModel, resplit
 from fedtail.models.cnn import cnn2fc, cnn_fmnist, convnet, convnet_wide
 from fedtail.models.mlp import mlp
 from fedtail.models.resnet import resnet8, resnet18
+from fedtail.models.segmentation import mobilenetv3_small_seg, seg_tiny, width_builder
 
 Builder = Callable[[tuple[int, ...], int], SplitModel]
 
@@ -22,6 +23,8 @@ _BUILDERS: dict[str, Builder] = {
     "resnet8": resnet8,
     "resnet18": resnet18,
     "mlp": mlp,
+    "mobilenetv3-small-seg": mobilenetv3_small_seg,
+    "seg-tiny": seg_tiny,
 }
 
 MODELS: dict[str, str] = {
@@ -33,12 +36,20 @@ MODELS: dict[str, str] = {
     "resnet8": "CReFF/MuPFL ResNet-8 (64/128/256, BN): body to global avg pool, head linear; feature 256",
     "resnet18": "CIFAR-style ResNet-18 (64..512, BN): body to global avg pool, head linear; feature 512",
     "mlp": "MLP for vectors/fast tests: body Linear 128 + Linear 64 (ReLU), head linear; feature 64",
+    "mobilenetv3-small-seg": "segmentation: MobileNet-V3-Small + LR-ASPP (MuPFL's Cityscapes model), head the 1x1 "
+    "per-pixel classifier; -xW scales the width (e.g. mobilenetv3-small-seg-x0.5)",
+    "seg-tiny": "segmentation, for tests and fmnist-seg: 3 conv3x3-BN-ReLU (32, 64 s2, 64 dil2), head 1x1 per-pixel classifier",
 }
 
 
 def builder(name: str) -> Builder | None:
     """The builder of built-in model ``name`` (None when there is no such built-in)."""
-    return _BUILDERS.get(name)
+    return _BUILDERS.get(name) or width_builder(name)
+
+
+def family(name: str) -> str:
+    """The registry entry of model ``name`` (a width variant's base name)."""
+    return "mobilenetv3-small-seg" if width_builder(name) is not None else name
 
 
 # Where each model's classifier starts: the number of linear layers its head holds under each
@@ -55,17 +66,19 @@ HEADS: dict[str, dict[str, int]] = {
     "resnet8": {"last": 1, "all-fc": 1},
     "resnet18": {"last": 1, "all-fc": 1},
     "mlp": {"last": 1, "all-fc": 1},
+    "mobilenetv3-small-seg": {"last": 1, "all-fc": 1},  # the head is the 1x1 per-pixel classifier
+    "seg-tiny": {"last": 1, "all-fc": 1},
 }
 
 
 def own_head(name: str) -> str:
     """The split model ``name``'s builder makes (what ``head = None`` means)."""
-    return next(iter(HEADS[name]))
+    return next(iter(HEADS[family(name)]))
 
 
 def head_layers(name: str, head: str | None) -> int:
     """Linear layers in model ``name``'s head under split ``head`` (None: the model's own)."""
-    splits = HEADS[name]
+    splits = HEADS[family(name)]
     if head is None:
         return splits[own_head(name)]
     if head not in splits:
@@ -76,7 +89,7 @@ def head_layers(name: str, head: str | None) -> int:
 def describe_heads(name: str) -> str:
     """The splits of model ``name`` for ``fedtail list``, e.g. 'all-fc (own) = 2 FC, last = 1 FC'."""
     parts = []
-    for i, (split, n) in enumerate(HEADS[name].items()):
+    for i, (split, n) in enumerate(HEADS[family(name)].items()):
         parts.append(f"{split}{' (own)' if i == 0 else ''} = {n} FC")
     return ", ".join(parts)
 
@@ -89,7 +102,7 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, head:
     Weights come from torch's global RNG, so seed it first for reproducible models.
     Raises ConfigError for an unknown name or an input shape the model cannot handle.
     """
-    builder = _BUILDERS.get(name)
+    builder = _BUILDERS.get(name) or width_builder(name)
     if builder is None:
         raise ConfigError(f"unknown model {name!r}; allowed: {', '.join(sorted(_BUILDERS))}")
     layers = head_layers(name, head)

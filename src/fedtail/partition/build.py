@@ -25,6 +25,7 @@ _EMPTY_HINT = {
     "dominant": "use fewer --clients",
     "stages": "use fewer --clients or a smaller --imbalance, or --balanced (equal-size shards)",
     "natural": "use a smaller --imbalance (the long-tail cut emptied a client)",
+    "semantic": "use fewer --clients, more --classes-per-client or a smaller --imbalance",
 }
 
 
@@ -146,12 +147,14 @@ def make_partition(train_labels: np.ndarray, test_labels: np.ndarray, num_classe
         if config.scheme == "natural":
             lists = schemes.natural(np.asarray(train_clients), kept, config.num_clients)
         else:
-            lists = _SCHEME_FUNCS[config.scheme](train_labels, kept, num_classes, config, part_rng)
+            scheme = "pathological" if config.scheme == "semantic" else config.scheme
+            lists = _SCHEME_FUNCS[scheme](train_labels, kept, num_classes, config, part_rng)
         for i, idx in enumerate(lists):
             if len(idx) == 0:
                 raise ConfigError(f"partition left client {i} with no training samples; {hint}")
             own = np.flatnonzero(np.asarray(test_clients) == i) if config.local_test == "own" else None
             train, test, val = views(idx, own_test=own)
-            clients.append(ClientData(train, test, val, **refs))
+            classes = schemes.semantic_classes(i, num_classes, config) if config.scheme == "semantic" else None
+            clients.append(ClientData(train, test, val, classes=classes, **refs))
     return Partition(num_classes=num_classes, kept=kept, global_train_counts=global_counts,
                      clients=clients, test_source=test_source, scheme=config.scheme, server=server)

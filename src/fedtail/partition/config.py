@@ -17,7 +17,7 @@ from pydantic import (
 from fedtail.errors import ConfigError
 from fedtail.settings import setting, settings
 
-SchemeName = Literal["iid", "dirichlet", "pathological", "dominant", "stages", "natural"]
+SchemeName = Literal["iid", "dirichlet", "pathological", "dominant", "stages", "natural", "semantic"]
 
 
 
@@ -26,13 +26,13 @@ class PartitionConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    scheme: SchemeName = Field("dirichlet", json_schema_extra=setting('iid | dirichlet | pathological | dominant | stages | natural', flag='partition', panel='Partition', commands=('run', 'partition')))
+    scheme: SchemeName = Field("dirichlet", json_schema_extra=setting('iid | dirichlet | pathological | dominant | stages | natural | semantic', flag='partition', panel='Partition', commands=('run', 'partition')))
     num_clients: int = Field(20, json_schema_extra=setting('number of clients (--partition natural: as many as the data holds)', flag='clients', panel='Partition', commands=('run', 'partition')))
     imbalance: float = Field(1.0, json_schema_extra=setting('long-tail imbalance factor IF >= 1', panel='Partition', commands=('run', 'partition')))
     alpha: float = Field(0.5, json_schema_extra=setting('Dirichlet concentration > 0', panel='Partition', commands=('run', 'partition')))
     min_samples: int = Field(10, json_schema_extra=setting('Dirichlet: minimum samples per client', panel='Partition', commands=('run', 'partition')))
     balanced: bool = Field(False, json_schema_extra=setting('Dirichlet: CReFF equal-size re-cut', panel='Partition', commands=('run', 'partition')))
-    classes_per_client: int = Field(2, json_schema_extra=setting('pathological: classes per client', panel='Partition', commands=('run', 'partition')))
+    classes_per_client: int = Field(2, json_schema_extra=setting('pathological: classes per client; semantic: the classes each client keeps (MuPFL\'s β)', panel='Partition', commands=('run', 'partition')))
     iid_fraction: float = Field(0.2, json_schema_extra=setting('dominant: IID fraction s', panel='Partition', commands=('run', 'partition')))
     samples_per_client: int = Field(600, json_schema_extra=setting('dominant: training samples per client', panel='Partition', commands=('run', 'partition')))
     groups: int = Field(5, json_schema_extra=setting('dominant: number of label groups', panel='Partition', commands=('run', 'partition')))
@@ -146,7 +146,7 @@ class PartitionConfig(BaseModel):
         c = num_classes
         if c < 1:
             raise ConfigError(f"the dataset must have at least 1 class (got {c})")
-        if self.scheme == "pathological" and not 1 <= self.classes_per_client <= c:
+        if self.scheme in ("pathological", "semantic") and not 1 <= self.classes_per_client <= c:
             raise ConfigError(
                 f"--classes-per-client must be in 1..{c} (got {self.classes_per_client})")
         if self.scheme == "dominant" and not 1 <= self.groups <= c:

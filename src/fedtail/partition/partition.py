@@ -50,12 +50,17 @@ class StageData(_CountsMixin):
 
 @dataclass
 class ClientData(_CountsMixin):
-    """A client's int64 indices: train and val into the train split, test into the test_source split."""
+    """A client's int64 indices: train and val into the train split, test into the test_source split.
+
+    ``classes`` (``--partition semantic``): the classes of the client's own segmentation labelling;
+    every other class of its images is the dataset's background. None: the dataset's labelling.
+    """
 
     train: np.ndarray
     test: np.ndarray
     val: np.ndarray
     stages: list[StageData] = field(default_factory=list)
+    classes: np.ndarray | None = None
     train_split_labels: np.ndarray | None = field(default=None, repr=False, compare=False)
     test_split_labels: np.ndarray | None = field(default=None, repr=False, compare=False)
 
@@ -88,6 +93,9 @@ class Partition:
     test_source: Literal["test", "train"] = "test"
     scheme: str = ""
     server: ServerData | None = None  # None: the server holds no data (the usual case)
+    # segmentation: the kept training images' pixels per class (the partition's classes, without the
+    # background); head/middle/tail classes are then cut by pixel frequency
+    pixel_counts: np.ndarray | None = None
 
     def train_count_matrix(self) -> np.ndarray:
         """clients × classes matrix of training counts."""
@@ -106,6 +114,8 @@ class Partition:
                 "test_counts": cl.test_counts(c).tolist(),
                 "val_counts": cl.val_counts(c).tolist(),
             }
+            if cl.classes is not None:
+                entry["classes"] = [int(x) for x in cl.classes]
             if cl.stages:
                 entry["stages"] = [{
                     "classes": [int(x) for x in st.classes],
@@ -124,6 +134,8 @@ class Partition:
         }
         if self.server is not None:  # only then, so partition.json without server data is unchanged
             out["server"] = self.server.summary(c)
+        if self.pixel_counts is not None:
+            out["global_train_pixel_counts"] = [int(x) for x in self.pixel_counts]
         return out
 
     def to_json(self, path: str | Path) -> None:
@@ -131,8 +143,9 @@ class Partition:
         Path(path).write_text(json.dumps(self.summary(), indent=2) + "\n")
 
     def class_frequency_groups(self) -> tuple[list[int], list[int], list[int]]:
-        """Head/middle/tail classes: sorted by global training count (desc, ties by id), cut in thirds."""
-        counts = self.global_train_counts
+        """Head/middle/tail classes: sorted by global training count (desc, ties by id; pixels for
+        segmentation), cut in thirds."""
+        counts = self.global_train_counts if self.pixel_counts is None else self.pixel_counts
         order = sorted(range(self.num_classes), key=lambda c: (-int(counts[c]), c))
         head, middle, tail = np.array_split(np.array(order, dtype=np.int64), 3)
         return [int(x) for x in head], [int(x) for x in middle], [int(x) for x in tail]

@@ -16,6 +16,10 @@ Design choices (documented defaults):
   client's 600 samples 80/20 into train/test; here --samples-per-client counts training samples only and
   the local test set comes from the local-test rule (sampled from the official test split by default).
 - stages (GLDP's [N, S, M]): see `stages`.
+- semantic (MuPFL's segmentation split, Sec. 4.1: "each subset maintains β semantic classes and sets
+  other classes as background"): pathological over the images' primary classes with n = β, and
+  client i's labelling keeps its classes (i·β + j) mod C (`semantic_classes`); the engine maps
+  every other class of its masks to the dataset's background. Segmentation datasets only.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ SCHEMES: dict[str, str] = {
     "stages": "GLDP [N,S,M]: --stages sequential tasks of --classes-per-stage classes per client (classes may "
               "recur; --balanced: equal-size label shards)",
     "natural": "the data's own clients (client ids of an npz: or folder: dataset); as many as the data holds (--clients, if given, must equal that)",
+    "semantic": "MuPFL segmentation: pathological over the images' primary classes; client i keeps classes (i*n+j) mod C (n = --classes-per-client) and every other class becomes background",
 }
 
 # Bounded Dirichlet redraws: enough for any feasible setting, short enough to fail fast on infeasible ones.
@@ -195,6 +200,12 @@ def pathological(labels: np.ndarray, kept: np.ndarray, num_classes: int, cfg: Pa
             left[c] -= t
         clients.append(_concat(parts))
     return clients
+
+
+def semantic_classes(client: int, num_classes: int, cfg: PartitionConfig) -> np.ndarray:
+    """The classes ``--partition semantic`` keeps in client ``client``'s labelling: its pathological classes."""
+    k = cfg.classes_per_client
+    return np.array(sorted({(client * k + j) % num_classes for j in range(k)}), dtype=np.int64)
 
 
 def dominant_label_sets(num_classes: int, groups: int) -> list[list[int]]:

@@ -1,0 +1,94 @@
+"""Segmentation metrics from pixel confusion matrices (true class × predicted class, int64 counts).
+
+Per class c: IoU = TP / (TP + FP + FN), accuracy = TP / (TP + FN) (pixels of c predicted as c).
+mIoU and mAcc average them over the classes that have ground-truth pixels in the evaluated data:
+a client's absent classes do not enter its mean (their wrong predictions still count, as false
+negatives of the true classes), and Cityscapes' 19-class validation set is averaged over its 19
+classes, not the background no pixel of it has. Pixel accuracy is the diagonal over all pixels.
+
+Personalised metrics follow the classification conventions (:mod:`fedtail.metrics.accuracy`):
+each client's model on its own data, the unweighted mean over the clients with data as the
+headline, ``_weighted`` the metric of the summed confusion (every pixel alike); per-class IoU and
+the head/middle/tail means come from the summed confusion, with the classes ranked by training
+pixel frequency. The global model's are of its confusion on the global test split.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+
+def class_scores(confusion: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-class IoU and accuracy of one confusion matrix (NaN for classes without ground truth)."""
+    confusion = np.asarray(confusion, dtype=np.float64)
+    tp = np.diag(confusion)
+    truth, predicted = confusion.sum(axis=1), confusion.sum(axis=0)
+    present = truth > 0
+    iou = np.full(len(tp), np.nan)
+    acc = np.full(len(tp), np.nan)
+    np.divide(tp, truth + predicted - tp, out=iou, where=present)
+    np.divide(tp, truth, out=acc, where=present)
+    return iou, acc
+
+
+def _mean(values: np.ndarray) -> float | None:
+    values = values[~np.isnan(values)]
+    return float(values.mean()) if len(values) else None
+
+
+def summary(confusion: np.ndarray) -> dict[str, float | None]:
+    """mIoU, mAcc and pixel accuracy of one confusion matrix (None when it holds no pixel)."""
+    iou, acc = class_scores(confusion)
+    pixels = confusion.sum()
+    return {"miou": _mean(iou), "macc": _mean(acc), "pixel_acc": float(np.trace(confusion) / pixels) if pixels else None}
+
+
+def _groups(iou: np.ndarray, groups: tuple[Sequence[int], ...], prefix: str) -> dict[str, float | None]:
+    return {f"{prefix}{name}_iou": _mean(iou[list(g)]) for name, g in zip(("head", "middle", "tail"), groups)}
+
+
+def personalized_segmentation(confusions: np.ndarray, groups: tuple[Sequence[int], ...]) -> dict[str, Any]:
+    """The personalised metrics of per-client confusions, shaped (clients, classes, classes)."""
+    confusions = np.asarray(confusions)
+    has_data = confusions.sum(axis=(1, 2)) > 0
+    per_client = [summary(c) for c in confusions]
+    pooled = confusions.sum(axis=0)
+    pooled_iou, _ = class_scores(pooled)
+    whole = summary(pooled)
+    kept = [p for p, h in zip(per_client, has_data) if h]
+    mean = lambda key: _mean(np.array([np.nan if p[key] is None else p[key] for p in kept])) if kept else None  # noqa: E731
+    return {
+        "personalized_miou": mean("miou"),
+        "personalized_miou_weighted": whole["miou"],
+        "personalized_macc": mean("macc"),
+        "personalized_macc_weighted": whole["macc"],
+        "per_client_miou": [p["miou"] for p in per_client],
+        "per_class_iou": [None if np.isnan(v) else float(v) for v in pooled_iou],
+    } | _groups(pooled_iou, groups, "")
+
+
+def global_segmentation(confusion: np.ndarray, groups: tuple[Sequence[int], ...]) -> dict[str, Any]:
+    """The global model's metrics of its confusion on the global test split."""
+    iou, _ = class_scores(confusion)
+    whole = summary(confusion)
+    return {
+        "global_miou": whole["miou"],
+        "global_macc": whole["macc"],
+        "global_per_class_iou": [None if np.isnan(v) else float(v) for v in iou],
+    } | _groups(iou, groups, "global_")
+
+
+# summary.json's entries of a segmentation run (final, best, last10), beside the accuracy ones
+SEGMENTATION_KEYS = (
+    "personalized_miou",
+    "personalized_miou_weighted",
+    "personalized_macc",
+    "personalized_macc_weighted",
+    "head_iou",
+    "middle_iou",
+    "tail_iou",
+    "global_miou",
+    "global_macc",
+)
