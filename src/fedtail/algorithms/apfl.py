@@ -207,4 +207,5 @@ APFL = Algorithm(
         weight_decay=1e-4,
         options={"personal_start": "initial", "eval_w": "local"},
     ),
+    tasks=("classification", "segmentation"),
 )

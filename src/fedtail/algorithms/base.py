@@ -263,6 +263,8 @@ class Algorithm:
     # step is supervised training through ctx.train / ctx.evaluate on any SplitModel (the head a
     # per-pixel classifier), tested by one round each (tests/test_segmentation.py)
     tasks: tuple[str, ...] = ("classification",)
+    # task -> why the method does not run it (for `fedtail list` and the error of a run that asks)
+    why_not: Mapping[str, str] = field(default_factory=dict)
     registry: ClassVar[dict[str, "Algorithm"]] = {}
 
     def __post_init__(self) -> None:

@@ -278,4 +278,5 @@ CGPFL = Algorithm(
     config=CGPFLConfig,
     # CGPFL's code could not be found; pFedMe's, which it extends, restarts θ_i every round
     reference=Reference("pFedMe's code (CharlieDinh/pFedMe), CGPFL's base", options={"warm_start": False}),
+    tasks=("classification", "segmentation"),
 )

@@ -200,7 +200,7 @@ class CReFFClient(ClientHalf):
         set_linear(model.classifier, msg.tensors[RETRAINED + "weight"], msg.tensors[RETRAINED + "bias"])
         grads, present = class_gradients(
             model, ctx.dataset, ctx.data.train, ctx.num_classes, ctx.generator,
-            repeats=opts.grad_repeats, batch_size=opts.grad_batch,
+            repeats=opts.grad_repeats, batch_size=opts.grad_batch, labels=ctx.data.labels,
         )
         w, b = classifier_names(model)
         set_linear(model.classifier, weights[w], weights[b])
@@ -216,4 +216,5 @@ CREFF = Algorithm(
     config=CReFFConfig,
     personal_model=False,
     reference=Reference("the authors' code (shangxinyi/CReFF-FL)"),
+    tasks=("classification", "segmentation"),
 )

@@ -522,4 +522,5 @@ FEDAC = Algorithm(
     client=FedACClient,
     config=FedACConfig,
     reference=Reference("FedAC's paper (φ: all but the last layer)", head="last"),
+    tasks=("classification", "segmentation"),
 )

@@ -189,4 +189,5 @@ FEDDISTILL = Algorithm(
     client=FedDistillClient,
     config=FedDistillConfig,
     reference=Reference(PFLLIB, options={"regularizer": "mse", "exclude_self": False, "aggregation": "uniform"}),
+    why_not={"segmentation": "its per-class logit averages are of per-sample outputs"},
 )

@@ -17,7 +17,11 @@ Helper module, not an algorithm:
 
 Features live in the input space of ``model.classifier`` (the model's last ``nn.Linear``): for
 models whose head is one Linear (cnn-fmnist, resnet8, mlp) that is the body output; for a
-deeper head (cnn2fc) it is the hidden activation just before the last Linear.
+deeper head (cnn2fc) it is the hidden activation just before the last Linear. For a segmentation
+model (a per-pixel classifier) the samples are pixels: each pixel of the body's feature map is one
+feature vector, labelled with the client's mask at that position (nearest-neighbour downsampling
+of the mask to the map's size; ignored pixels left out), and the per-class draws take pixels of
+the class as the classification draws take samples (:func:`pixel_samples`).
 
 Gradients of a linear layer under cross-entropy have a closed form, used throughout instead of
 autograd through the layer: for logits z = hWᵀ + b on a batch of B rows with labels y,
@@ -64,6 +68,24 @@ def classifier_inputs(model: SplitModel, x: torch.Tensor) -> torch.Tensor:
     finally:
         handle.remove()
     return captured[0]
+
+
+def pixel_samples(
+    model: SplitModel, dataset: Dataset, index: torch.Tensor, labels: torch.Tensor | None, feature_batch: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A segmentation client's pixels as samples: (P, D) classifier inputs and their (P,) labels,
+    from the images ``index`` of the train split with the client's label table ``labels`` (see the
+    module docstring). The model is used as it is (the caller sets eval mode)."""
+    split = dataset.train
+    feats, ys = [], []
+    for rows in index.split(feature_batch):
+        x, y = dataset.batch(split, rows, labels)
+        h = classifier_inputs(model, x)  # (B, h, w, D): what the per-pixel Linear reads
+        y = F.interpolate(y[:, None].double(), size=h.shape[1:3], mode="nearest")[:, 0].long()
+        valid = y >= 0
+        feats.append(h[valid])
+        ys.append(y[valid])
+    return torch.cat(feats), torch.cat(ys)
 
 
 def class_draws(
@@ -119,6 +141,7 @@ def class_gradients(
     repeats: int = 10,
     batch_size: int = 32,
     feature_batch: int = 256,
+    labels: torch.Tensor | None = None,
 ) -> tuple[Tensors, torch.Tensor]:
     """Per-class gradient of the CE w.r.t. ``model.classifier`` on real features (MuPFL Eq. 16).
 
@@ -131,7 +154,8 @@ def class_gradients(
     per distinct drawn sample, in batches of ``feature_batch``.
 
     Returns ``({"weight": [C, *W.shape], "bias": [C, *b.shape]}, present: bool[C])``; rows of
-    absent classes are zero.
+    absent classes are zero. Segmentation: the samples are the pixels of :func:`pixel_samples`
+    (``labels``: the client's label table).
     """
     classifier = model.classifier
     if classifier.bias is None:
@@ -142,28 +166,42 @@ def class_gradients(
     grad_b = torch.zeros(num_classes, *classifier.bias.shape, dtype=weight.dtype, device=device)
     present = torch.zeros(num_classes, dtype=torch.bool, device=device)
     split = dataset.train
-    labels = split.y[index]
-    draws = class_draws(labels, num_classes, generator, repeats=repeats, batch_size=batch_size)
+    pixels = None
+    if dataset.segmentation:
+        was_training = model.training
+        model.eval()
+        try:
+            pixels = pixel_samples(model, dataset, index, labels, feature_batch)
+        finally:
+            model.train(was_training)
+        sample_labels = pixels[1]
+    else:
+        sample_labels = split.y[index]
+    draws = class_draws(sample_labels, num_classes, generator, repeats=repeats, batch_size=batch_size)
     if not draws:
         return {"weight": grad_w, "bias": grad_b}, present
 
     # How often each position of `index` was drawn, scaled to the per-class mean over draws.
-    row_weight = torch.zeros(len(index), dtype=weight.dtype, device=device)
+    n = len(sample_labels)
+    row_weight = torch.zeros(n, dtype=weight.dtype, device=device)
     for c, d in draws.items():
-        counts = torch.bincount(d.flatten(), minlength=len(index)).to(weight.dtype)
+        counts = torch.bincount(d.flatten(), minlength=n).to(weight.dtype)
         row_weight += counts / d.numel()  # d.numel() = repeats · k_c; each position has one class
     used = row_weight.nonzero().flatten()
 
-    was_training = model.training
-    model.eval()
-    try:
-        feats = torch.cat(
-            [classifier_inputs(model, dataset.batch(split, index[b])[0]) for b in used.split(feature_batch)]
-        )
-    finally:
-        model.train(was_training)
+    if pixels is not None:
+        feats = pixels[0][used]
+    else:
+        was_training = model.training
+        model.eval()
+        try:
+            feats = torch.cat(
+                [classifier_inputs(model, dataset.batch(split, index[b])[0]) for b in used.split(feature_batch)]
+            )
+        finally:
+            model.train(was_training)
 
-    used_labels, used_weight = labels[used], row_weight[used]
+    used_labels, used_weight = sample_labels[used], row_weight[used]
     for c in draws:
         rows = used_labels == c
         gw, gb = linear_ce_gradients(weight, classifier.bias, feats[rows], used_labels[rows], used_weight[rows])

@@ -361,4 +361,5 @@ FEDGROUP = Algorithm(
     server=FedGroupServer,
     client=FedGroupClient,
     config=FedGroupConfig,
+    tasks=("classification", "segmentation"),
 )

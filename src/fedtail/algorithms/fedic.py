@@ -453,4 +453,5 @@ FEDIC = Algorithm(
     config=FEDICConfig,
     personal_model=False,
     reference=Reference("the authors' code (FEDIC, on CReFF-FL's code base)"),
+    why_not={"segmentation": "its server-side ensemble distillation and logit calibration are of per-sample logits"},
 )

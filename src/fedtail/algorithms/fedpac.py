@@ -261,4 +261,5 @@ FEDPAC = Algorithm(
     client=FedPACClient,
     config=FedPACConfig,
     reference=Reference(PFLLIB, head="last", options={"aggregation": "uniform"}),
+    why_not={"segmentation": "its per-class feature centroids and classifier combination are of flat per-sample features"},
 )

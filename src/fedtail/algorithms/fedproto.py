@@ -191,4 +191,5 @@ FEDPROTO = Algorithm(
     client=FedProtoClient,
     config=FedProtoConfig,
     reference=Reference(PFLLIB, head="last", options={"aggregation": "uniform", "prototypes": "training"}),
+    why_not={"segmentation": "its prototypes and nearest-prototype prediction are of flat per-sample features"},
 )

@@ -374,4 +374,5 @@ FEDREMA = Algorithm(
     client=FedReMaClient,
     config=FedReMaConfig,
     reference=Reference(FEDREMA_CODE, head="all-fc", momentum=0.9, grad_clip=10.0),
+    why_not={"segmentation": "its feature prototypes and classifier similarity read flat per-sample features"},
 )

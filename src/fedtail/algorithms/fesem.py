@@ -248,4 +248,5 @@ FESEM = Algorithm(
         "the authors' code (multi-center-fed-learning)",
         options={"init": "common", "cold_start": "random", "m_step": "round"},
     ),
+    tasks=("classification", "segmentation"),
 )

@@ -244,4 +244,5 @@ FLHC = Algorithm(
     server=FLHCServer,
     client=FedAvgClient,
     config=FLHCConfig,
+    tasks=("classification", "segmentation"),
 )

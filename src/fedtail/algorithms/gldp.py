@@ -538,4 +538,5 @@ GLDP = Algorithm(
     server=GLDPServer,
     client=GLDPClient,
     config=GLDPConfig,
+    why_not={"segmentation": "its global-local prototypes and prototype prediction are of flat per-sample features"},
 )

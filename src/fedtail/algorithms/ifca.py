@@ -175,4 +175,5 @@ IFCA = Algorithm(
     client=IFCAClient,
     config=IFCAConfig,
     reference=Reference("the authors' code (jichan3751/ifca)", options={"weighting": "uniform"}),
+    tasks=("classification", "segmentation"),
 )

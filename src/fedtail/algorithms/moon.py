@@ -108,4 +108,5 @@ MOON = Algorithm(
     config=MOONConfig,
     reference=Reference(PFLLIB, head="last"),
     personal_model=False,
+    why_not={"segmentation": "its model-contrastive loss compares flat per-sample representations"},
 )

@@ -209,7 +209,7 @@ class PerFedAvgClient(ClientHalf):
         # summed on the device in float64 (as the host's sum of float(loss) * n), read once at the end
         loss_sum = torch.zeros((), dtype=torch.float64, device=ctx.device)
         for indices in step_batches(ctx, k, opts.steps):
-            batches = [ctx.dataset.batch(ctx.dataset.train, index) for index in indices]
+            batches = [ctx.dataset.batch(ctx.dataset.train, index, ctx.data.labels) for index in indices]
             direction, losses = meta_gradient(model, batches, alpha, hessian)
             for p, d in zip(params, direction):
                 p.grad = d
@@ -240,4 +240,5 @@ PERFEDAVG = Algorithm(
     config=PerFedAvgConfig,
     reference=Reference(PFLLIB, options={"beta": None, "steps": "pfllib"}, finetune={"steps": 1, "optimizer": "plain"}),
     migrate=migrate,
+    tasks=("classification", "segmentation"),
 )

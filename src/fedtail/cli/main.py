@@ -188,7 +188,10 @@ def _interrupted(out: Path) -> None:
 
 def print_summary(summary: dict[str, Any], out: Path) -> None:
     table = Table(title=f"{summary['algorithm']} on {summary['dataset']} (seed {summary['seed']})")
-    for col in ("", "round", "personalized", "weighted", "global"):
+    seg = "personalized_miou" in summary["final"]  # a segmentation run: mIoU / mAcc, accuracies of pixels
+    cols = ("", "round", "pers. mIoU", "pers. mAcc", "pixel acc", "global mIoU") if seg else (
+        "", "round", "personalized", "weighted", "global")
+    for col in cols:
         table.add_column(col)
     fmt = lambda v: "-" if v is None else f"{v:.4f}"  # noqa: E731
     for name in ("final", "best", "last10"):
@@ -196,9 +199,9 @@ def print_summary(summary: dict[str, Any], out: Path) -> None:
         if s is None:  # a summary from before last10 existed
             continue
         rounds = f"{s['rounds'][0]}-{s['rounds'][1]}" if name == "last10" else str(s["round"])
-        table.add_row(
-            name, rounds, fmt(s["personalized_acc"]), fmt(s["personalized_acc_weighted"]), fmt(s.get("global_acc"))
-        )
+        keys = ("personalized_miou", "personalized_macc", "personalized_acc", "global_miou") if seg else (
+            "personalized_acc", "personalized_acc_weighted", "global_acc")
+        table.add_row(name, rounds, *(fmt(s.get(k)) for k in keys))
     Console().print(table)
     final = summary["final"]
     if "a_local" in final:  # stage tasks: the paper's metrics on the seen stages' test data
@@ -485,17 +488,22 @@ def list_components() -> None:
     from fedtail.partition import SCHEMES
 
     entries = listing() | {"partition": SCHEMES}
+    def tasks(name: str) -> str:
+        spec = ALGORITHMS[name]
+        why = "; ".join(f"not {task}: {reason}" for task, reason in spec.why_not.items())
+        return ", ".join(spec.tasks) + (f" ({why})" if why else "")
+
     details = {
-        "algorithm": lambda n: ("reference:", ALGORITHMS[n].reference.describe()) if n in ALGORITHMS else None,
-        "model": lambda n: ("head splits:", describe_heads(n)) if n in MODELS else None,
+        "algorithm": lambda n: [("reference:", ALGORITHMS[n].reference.describe()), ("tasks:", tasks(n))]
+        if n in ALGORITHMS else [],
+        "model": lambda n: [("head splits:", describe_heads(n))] if n in MODELS else [],
     }
     indent = " " * 28
     for kind in ("algorithm", "dataset", "model", "partition"):
         for name in sorted(entries[kind]):
             typer.echo(f"{kind:<10} {name:<16} {entries[kind][name]}")
-            detail = details[kind](name) if kind in details else None
-            if detail is not None:
-                typer.echo(f"{indent}{detail[0]} {detail[1]}")
+            for label, text in details[kind](name) if kind in details else []:
+                typer.echo(f"{indent}{label} {text}")
 
 
 @app.command("partition")

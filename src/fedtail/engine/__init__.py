@@ -45,9 +45,10 @@ def check_task(config: RunConfig, dataset: Dataset) -> None:
 
     spec = algorithm(config.algorithm)
     if dataset.task not in spec.tasks:
+        why = spec.why_not.get(dataset.task)
         raise ConfigError(
-            f"{config.algorithm} does not run {dataset.task} ({config.dataset}): it runs {', '.join(spec.tasks)}; "
-            "`fedtail list` names the algorithms that run each task"
+            f"{config.algorithm} does not run {dataset.task} ({config.dataset})" + (f": {why}" if why else "")
+            + f"; it runs {', '.join(spec.tasks)} (`fedtail list` names the algorithms of each task)"
         )
     dense = getattr(build_model(config.model, dataset.input_shape, dataset.num_classes, config.head), "dense", False)
     if dense != dataset.segmentation:

@@ -1,9 +1,10 @@
 """Dense (per-pixel) models with the body/head split: the head is the final per-pixel classifier.
 
 :class:`DenseSplitModel` is a :class:`~fedtail.models.base.SplitModel` whose body ends in a feature
-*map* ``(B, feature_dim, h, w)`` and whose head is a 1×1 convolution (:attr:`classifier`, the
-per-pixel linear classifier) followed by a parameter-free bilinear upsampling to the input size, so
-``model(x)`` is ``(B, num_classes, H, W)`` logits. Algorithms that share, freeze or re-train the head
+*map* ``(B, feature_dim, h, w)`` and whose head is a per-pixel linear layer (:attr:`classifier`, a
+1×1 convolution) followed by a parameter-free bilinear upsampling to the input size, so
+``model(x)`` is ``(B, num_classes, H, W)`` logits (the classifier, an ``nn.Linear`` applied per pixel, sees the
+pixels as ``(B, h, w, feature_dim)`` rows). Algorithms that share, freeze or re-train the head
 do so on the per-pixel classifier, as MuPFL's PKCF and FedRep's head do on a classifier.
 
 ``mobilenetv3-small-seg``: MobileNet-V3-Small (Howard et al., "Searching for MobileNetV3", ICCV 2019,
@@ -33,24 +34,26 @@ from fedtail.models.base import SplitModel, check_image_shape, check_num_classes
 
 
 class DenseSplitModel(SplitModel):
-    """A segmentation model: body to a feature map, head = 1×1 conv classifier + upsampling."""
+    """A segmentation model: body to a feature map, head = per-pixel linear classifier + upsampling."""
 
     dense = True
 
     def __init__(self, body: nn.Module, feature_dim: int, num_classes: int, size: tuple[int, int]) -> None:
-        head = nn.Sequential(nn.Conv2d(feature_dim, num_classes, 1), Upsample(size))
+        head = nn.Sequential(PerPixel(nn.Linear(feature_dim, num_classes)), Upsample(size))
         super().__init__(body, head, feature_dim, num_classes)
 
-    def _classifier_entry(self) -> tuple[str, nn.Module]:  # type: ignore[override]
-        return "0", self.head[0]
 
-    @property
-    def classifier(self) -> nn.Conv2d:  # type: ignore[override]
-        return self.head[0]
+class PerPixel(nn.Module):
+    """An ``nn.Linear`` applied to every pixel's channel vector (a 1×1 convolution whose weight is
+    the Linear's): ``model.classifier`` stays an ``nn.Linear``, so every method that re-trains,
+    shares or reads the classifier (CReFF, PKCF, FedRep's head) does so on the per-pixel classifier."""
 
-    def _check_classifier(self) -> None:
-        if self.head[0].out_channels != self.num_classes:
-            raise ValueError(f"the head has {self.head[0].out_channels} outputs, expected {self.num_classes}")
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.linear = linear
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x.movedim(1, -1)).movedim(-1, 1)
 
 
 class Upsample(nn.Module):

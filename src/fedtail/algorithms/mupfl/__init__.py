@@ -423,7 +423,8 @@ class MuPFLClient(PersonalClient):
             tensors[MAP] = maps.flat()
         if opts.pkcf:
             with self._masked(model, ctx, maps):  # the features the evaluated model's classifier sees
-                grads, present = class_gradients(model, ctx.dataset, ctx.data.train, ctx.num_classes, ctx.generator)
+                grads, present = class_gradients(model, ctx.dataset, ctx.data.train, ctx.num_classes, ctx.generator,
+                                                 labels=ctx.data.labels)
             tensors |= pack_class_gradients(grads, present, prefix=GRAD)
         return ctx.reply(tensors)
 
@@ -471,4 +472,5 @@ MUPFL = Algorithm(
     client=MuPFLClient,
     config=MuPFLConfig,
     edge=ACMUEdge,
+    tasks=("classification", "segmentation"),
 )
