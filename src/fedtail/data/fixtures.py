@@ -145,3 +145,31 @@ def write_tinyimagenet(
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_bytes(data)
     return root
+
+
+def write_cityscapes(
+    directory: str | Path, n_train: int = 4, n_val: int = 2, size: tuple[int, int] = (32, 64), seed: int = 0
+) -> Path:
+    """A tiny Cityscapes in its official layout: ``leftImg8bit/{train,val}/<city>/*_leftImg8bit.png``
+    and ``gtFine/{train,val}/<city>/*_gtFine_labelIds.png`` (random RGB images; label-id masks of
+    horizontal bands of road, car, sky, person and void ids); returns ``directory``."""
+    from PIL import Image
+
+    d = Path(directory)
+    rng = np.random.default_rng(seed)
+    h, w = size
+    bands = np.array([7, 26, 23, 24, 0], dtype=np.uint8)  # road, car, sky, person, unlabeled (void)
+    for split, n in (("train", n_train), ("val", n_val)):
+        for i in range(n):
+            city = "aachen" if i % 2 == 0 else "bochum"
+            stem = f"{city}_{i:06d}_000019"
+            for folder in ("leftImg8bit", "gtFine"):
+                (d / folder / split / city).mkdir(parents=True, exist_ok=True)
+            image = rng.integers(0, 256, size=(h, w, 3), dtype=np.uint8)
+            rows = np.array_split(np.arange(h), len(bands))
+            ids = np.empty((h, w), dtype=np.uint8)
+            for band, r in zip(np.roll(bands, i), rows):
+                ids[r] = band
+            Image.fromarray(image).save(d / "leftImg8bit" / split / city / f"{stem}_leftImg8bit.png")
+            Image.fromarray(ids).save(d / "gtFine" / split / city / f"{stem}_gtFine_labelIds.png")
+    return d

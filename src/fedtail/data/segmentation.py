@@ -101,7 +101,7 @@ def primary_classes(masks: torch.Tensor, classes: int, frequency: np.ndarray) ->
     if none.any():
         present = counts[none] > 0
         if not present.any(dim=1).all():
-            bad = int(torch.flatnonzero(none)[int(torch.flatnonzero(~present.any(dim=1))[0])])
+            bad = int(none.nonzero()[int((~present.any(dim=1)).nonzero()[0])])
             raise DataError(f"image {bad} shows none of the {classes} classes (only background or ignored pixels)")
         primary[none] = counts[none].argmax(dim=1)
     return primary
@@ -207,7 +207,8 @@ def find_cityscapes(data_dir: str | Path | None) -> Path:
             if (d / "leftImg8bit").is_dir() and (d / "gtFine").is_dir():
                 return d
             tried.append(d)
-    missing = next((f"{d}/{sub}" for d in tried for sub in ("leftImg8bit", "gtFine") if d.is_dir() and not (d / sub).is_dir()), None)
+    halves = [(d, sub) for d in tried for sub in ("leftImg8bit", "gtFine") if (d / sub).is_dir()]  # one of the two
+    missing = next((f"{d}/{'gtFine' if sub == 'leftImg8bit' else 'leftImg8bit'}" for d, sub in halves), None)
     where = ", ".join(str(d) for d in tried)
     raise DataError(
         f"Cityscapes not found in {where}" + (f" ({missing}/ is missing)" if missing else "")

@@ -1,0 +1,270 @@
+"""Segmentation: metrics against hand-computed confusions, the label tables, fmnist-seg and the
+Cityscapes loader on small generated files, --partition semantic, one round of every algorithm
+that runs the task, resume and workers, and bad input as one error line."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from conftest import tiny_raw
+from fedtail.algorithms import ALGORITHMS
+from fedtail.components import build_config
+from fedtail.data import load_dataset
+from fedtail.data.base import IGNORE, IGNORE_INDEX
+from fedtail.data.fixtures import write_cityscapes, write_idx_dataset
+from fedtail.data.segmentation import cityscapes_train_ids, pixel_counts, primary_classes, segmentation_dataset
+from fedtail.engine import prepare
+from fedtail.engine.training import evaluate
+from fedtail.errors import ConfigError, DataError
+from fedtail.metrics.segmentation import class_scores, personalized_segmentation, summary
+from fedtail.models.segmentation import mobilenetv3_small_classifier, mobilenetv3_small_seg, seg_tiny
+from helpers import invoke, run_with_summary, strip_timing
+from test_checkpoint import assert_same_run, stopped_and_resumed
+
+SEGMENTATION = sorted(n for n, spec in ALGORITHMS.items() if "segmentation" in spec.tasks)
+OPTIONS = {"size": 16, "train": 120, "test": 40, "scale": [6, 12], "cache": False}
+
+
+@pytest.fixture(scope="module")
+def fmnist_dir(tmp_path_factory):
+    return write_idx_dataset(tmp_path_factory.mktemp("fmnist"), 300, 100)
+
+
+def seg_config(data_dir, **overrides):
+    raw = tiny_raw(dataset="fmnist-seg", data_dir=str(data_dir), model="seg-tiny", fraction=0.4, rounds=1)
+    raw |= {"dataset_options": OPTIONS, "partition": {"scheme": "semantic", "num_clients": 5, "classes_per_client": 2}}
+    return build_config(raw | overrides)
+
+
+# --- metrics ---------------------------------------------------------------------------------------
+
+def test_miou_and_macc_of_a_hand_computed_confusion_leave_an_absent_class_out():
+    # classes 0, 1, background 2; class 1 has no ground truth here, but one pixel predicted as it
+    conf = np.array([[3, 1, 0], [0, 0, 0], [2, 0, 4]])
+    iou, acc = class_scores(conf)
+    assert iou[0] == pytest.approx(3 / 6) and iou[2] == pytest.approx(4 / 6) and np.isnan(iou[1])
+    assert acc[0] == pytest.approx(3 / 4) and acc[2] == pytest.approx(4 / 6) and np.isnan(acc[1])
+    s = summary(conf)
+    assert s["miou"] == pytest.approx((1 / 2 + 2 / 3) / 2)
+    assert s["macc"] == pytest.approx((3 / 4 + 2 / 3) / 2)
+    assert s["pixel_acc"] == pytest.approx(7 / 10)
+
+
+def test_personalised_means_are_over_clients_and_weighted_ones_over_pixels():
+    a = np.array([[3, 1, 0], [0, 0, 0], [2, 0, 4]])
+    b = np.array([[0, 0, 0], [0, 5, 5], [0, 0, 10]])
+    empty = np.zeros((3, 3), dtype=np.int64)
+    m = personalized_segmentation(np.stack([a, b, empty]), ([0], [1], [2]))
+    miou_b = (5 / 10 + 10 / 15) / 2
+    assert m["personalized_miou"] == pytest.approx(((1 / 2 + 2 / 3) / 2 + miou_b) / 2)  # the client without data left out
+    assert m["per_client_miou"][2] is None
+    pooled_iou, _ = class_scores(a + b)
+    assert m["personalized_miou_weighted"] == pytest.approx(np.nanmean(pooled_iou))
+    assert m["per_class_iou"] == pytest.approx(list(pooled_iou))
+    assert m["head_iou"] == pytest.approx(pooled_iou[0]) and m["tail_iou"] == pytest.approx(pooled_iou[2])
+
+
+def test_evaluation_counts_the_confusion_of_the_argmax_over_pixels_not_ignored(fmnist_dir):
+    data = load_dataset("fmnist-seg", str(fmnist_dir), **OPTIONS)
+    y = data.test.y.clone()
+    y[:, :2] = IGNORE  # two ignored rows in every mask
+    split = type(data.test)(data.test.x, y, primary=data.test.primary)
+    torch.manual_seed(0)
+    model = seg_tiny(data.input_shape, data.num_classes)
+    table = data.label_table([1, 4])
+    counts = evaluate(model, data, split, None, data.num_classes, batch_size=7, labels=table)
+    model.eval()
+    with torch.no_grad():
+        predicted = model(data.normalize(split.x)).argmax(dim=1)
+    truth = table[y.long()]
+    valid = truth >= 0
+    expected = np.zeros((data.num_classes, data.num_classes), dtype=np.int64)
+    np.add.at(expected, (truth[valid].numpy(), predicted[valid].numpy()), 1)
+    assert np.array_equal(counts.confusion.numpy(), expected)
+    assert counts.total.sum() == valid.sum() and np.array_equal(counts.correct.numpy(), np.diag(expected))
+    assert set(np.flatnonzero(expected.sum(axis=1))) <= {1, 4, data.background}  # the client's labelling
+
+
+def test_a_label_table_keeps_a_clients_classes_and_maps_the_rest_to_background(fmnist_dir):
+    data = load_dataset("fmnist-seg", str(fmnist_dir), **OPTIONS)
+    table = data.label_table([2, 7])
+    assert table[2] == 2 and table[7] == 7 and table[IGNORE] == IGNORE_INDEX
+    assert all(int(table[c]) == data.background for c in range(data.num_classes) if c not in (2, 7))
+    own = data.label_table()
+    assert torch.equal(own[: data.num_classes], torch.arange(data.num_classes)) and own[IGNORE] == IGNORE_INDEX
+    _, y = data.batch(data.train, torch.arange(5), table)
+    assert y.dtype == torch.int64 and set(y.unique().tolist()) <= {2, 7, data.background}
+
+
+# --- data ------------------------------------------------------------------------------------------
+
+def test_fmnist_seg_is_deterministic_cached_and_labels_each_image_by_a_class_it_shows(fmnist_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    a = load_dataset("fmnist-seg", str(fmnist_dir), **(OPTIONS | {"cache": True}))
+    assert len(list((tmp_path / "fedtail" / "fmnist-seg").glob("*.npz"))) == 1
+    b = load_dataset("fmnist-seg", str(fmnist_dir), **(OPTIONS | {"cache": True}))  # from the cache
+    c = load_dataset("fmnist-seg", str(fmnist_dir), **OPTIONS)  # generated again
+    assert torch.equal(a.train.x, b.train.x) and torch.equal(a.train.y, c.train.y) and torch.equal(a.test.y, c.test.y)
+    other = load_dataset("fmnist-seg", str(fmnist_dir), **(OPTIONS | {"seed": 1}))
+    assert not torch.equal(a.train.y, other.train.y)
+    assert a.segmentation and a.num_classes == 11 and a.background == 10 and a.partition_classes == 10
+    assert a.train.x.shape == (120, 1, 16, 16) and a.train.y.shape == (120, 16, 16) and a.train.y.dtype == torch.uint8
+    shown = [(a.train.y[i] == a.train.primary[i]).any() for i in range(len(a.train))]
+    assert all(shown) and int(a.train.primary.max()) < 10
+
+
+def test_the_primary_class_is_the_rarest_class_an_image_shows():
+    masks = torch.full((3, 10, 10), 3, dtype=torch.uint8)  # 3: background
+    masks[0, :5] = 0
+    masks[0, 5:6] = 1  # 10 % of its pixels
+    masks[1, :] = 0
+    masks[2, 0, 0] = 2  # 1 pixel, below MIN_SHARE... but the image shows nothing else
+    frequency = np.array([100, 5, 50])
+    assert primary_classes(masks, 3, frequency).tolist() == [1, 0, 2]
+    masks[2, 0, 0] = 3
+    with pytest.raises(DataError, match="image 2 shows none"):
+        primary_classes(masks, 3, frequency)
+
+
+def test_the_cityscapes_loader_reads_the_official_layout_and_maps_label_ids_to_train_ids(tmp_path):
+    write_cityscapes(tmp_path / "cityscapes", n_train=4, n_val=2, size=(20, 40))
+    data = load_dataset("cityscapes", str(tmp_path), height=10, width=20)
+    assert data.num_classes == 20 and data.background == 19 and data.class_names[13] == "car"
+    assert data.train.x.shape == (4, 3, 10, 20) and data.test.y.shape == (2, 10, 20)
+    ids = np.asarray(Image.open(next((tmp_path / "cityscapes" / "gtFine" / "train").glob("*/*_labelIds.png"))))
+    assert sorted(np.unique(ids).tolist()) == [0, 7, 23, 24, 26]
+    assert sorted(data.train.y.unique().tolist()) == [0, 10, 11, 13, IGNORE]  # road, sky, person, car, void
+    table = cityscapes_train_ids()
+    assert table[7] == 0 and table[33] == 18 and table[26] == 13 and table[0] == IGNORE and table[9] == IGNORE
+
+
+def test_missing_cityscapes_folders_are_named(tmp_path):
+    (tmp_path / "cityscapes" / "leftImg8bit").mkdir(parents=True)
+    with pytest.raises(DataError, match="gtFine/ is missing"):
+        load_dataset("cityscapes", str(tmp_path))
+
+
+def test_masks_with_a_label_outside_the_classes_or_another_size_are_refused():
+    x = torch.zeros(2, 1, 4, 4, dtype=torch.uint8)
+    y = torch.zeros(2, 4, 4, dtype=torch.uint8)
+    names = ("a", "b", "background")
+    bad = y.clone()
+    bad[0, 0, 0] = 7
+    with pytest.raises(DataError, match="mask value 7 is no class"):
+        segmentation_dataset("t", (x, bad), (x, y), names, (0.5,), (0.5,))
+    with pytest.raises(DataError, match="do not match"):
+        segmentation_dataset("t", (x, y[:, :3]), (x, y), names, (0.5,), (0.5,))
+
+
+def test_cli_reports_bad_cityscapes_files_in_one_error_line(tmp_path):
+    root = write_cityscapes(tmp_path / "cityscapes", n_train=2, n_val=1, size=(20, 40))
+    label = next((root / "gtFine" / "train").glob("*/*_labelIds.png"))
+    Image.fromarray(np.zeros((10, 10), dtype=np.uint8)).save(label)  # a label of another size
+    result = invoke("run", "-a", "fedavg", "--dataset", "cityscapes", "--data-dir", tmp_path, "--model", "seg-tiny",
+                    "--partition", "semantic", "--clients", "2", "--rounds", "1", "--out", tmp_path / "run")  # fmt: skip
+    assert result.exit_code != 0
+    assert "error:" in result.output and "is 40x20 but" in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "run" / "summary.json").exists()
+
+
+# --- partition -------------------------------------------------------------------------------------
+
+def test_semantic_partition_keeps_beta_classes_per_client_and_cuts_head_and_tail_by_pixels(fmnist_dir):
+    config = seg_config(fmnist_dir)
+    data, part = prepare(config)
+    for i, client in enumerate(part.clients):
+        assert client.classes.tolist() == [2 * i, 2 * i + 1]
+        assert set(data.train.labels[client.train]) <= set(client.classes.tolist())
+    summary = part.summary()
+    assert summary["clients"][1]["classes"] == [2, 3]
+    pixels = pixel_counts(data.train.y[part.kept], 11)[:10]
+    assert summary["global_train_pixel_counts"] == pixels.tolist()
+    head, _, tail = part.class_frequency_groups()
+    assert min(pixels[head]) >= max(pixels[tail])
+
+
+def test_semantic_partition_needs_a_segmentation_dataset_and_a_matching_model(fmnist_dir):
+    with pytest.raises(ConfigError, match="classification dataset"):
+        prepare(build_config(tiny_raw(partition={"scheme": "semantic", "num_clients": 3, "classes_per_client": 1})))
+    with pytest.raises(ConfigError, match="use a segmentation model"):
+        prepare(seg_config(fmnist_dir, model="cnn-fmnist"))
+    with pytest.raises(ConfigError, match="use a classifier"):
+        prepare(build_config(tiny_raw() | {"dataset": "digits", "dataset_options": {}, "model": "seg-tiny"}))
+
+
+# --- models ----------------------------------------------------------------------------------------
+
+def test_mobilenetv3_small_has_the_published_parameter_count_and_a_per_pixel_head():
+    assert sum(p.numel() for p in mobilenetv3_small_classifier().parameters()) == 2_542_856
+    model = mobilenetv3_small_seg((3, 64, 96), 20)
+    assert model(torch.zeros(2, 3, 64, 96)).shape == (2, 20, 64, 96)
+    assert isinstance(model.classifier, torch.nn.Linear) and model.classifier.out_features == 20
+    assert model.head_keys() == model.classifier_keys() == ["head.0.linear.weight", "head.0.linear.bias"]
+    assert model.features(torch.zeros(1, 3, 64, 96)).shape == (1, 128 + 24, 8, 12)  # stride 8
+    half = mobilenetv3_small_seg((3, 64, 96), 20, width=0.5)
+    assert sum(p.numel() for p in half.parameters()) < sum(p.numel() for p in model.parameters()) / 2
+
+
+# --- every algorithm of the task -------------------------------------------------------------------
+
+def test_the_algorithms_of_the_task_are_the_expected_ones():
+    assert {"fedavg", "fedprox", "fednova", "ditto", "fedrep", "creff", "mupfl"} <= set(SEGMENTATION)
+    for name, spec in ALGORITHMS.items():
+        assert ("segmentation" in spec.tasks) != ("segmentation" in spec.why_not), name
+
+
+@pytest.mark.parametrize("name", SEGMENTATION)
+def test_one_round_of_each_algorithm_that_runs_segmentation(fmnist_dir, name):
+    extra = {"edges": 2} if name == "mupfl" else {}
+    summary, rows, _ = run_with_summary(seg_config(fmnist_dir, algorithm=name, **extra))
+    final = summary["final"]
+    assert 0.0 <= final["personalized_miou"] <= 1.0 and 0.0 <= final["personalized_acc"] <= 1.0
+    assert len(rows[-1]["per_client_miou"]) == 5 and len(rows[-1]["per_class_iou"]) == 11
+    assert np.isfinite(final["train_loss"])
+
+
+def test_mupfl_with_bavd_and_creff_match_per_pixel_features(fmnist_dir):
+    summary, _, sim = run_with_summary(seg_config(fmnist_dir, algorithm="mupfl", edges=2, rounds=2,
+                                                  options={"bavd": True}))  # fmt: skip
+    assert summary["final"]["personalized_miou"] is not None
+    summary, _, sim = run_with_summary(seg_config(fmnist_dir, algorithm="creff", rounds=2))
+    assert summary["final"]["global_miou"] is not None and sim.server.features.features.shape[-1] == 64
+
+
+@pytest.mark.parametrize("name", sorted(set(ALGORITHMS) - set(SEGMENTATION)))
+def test_the_other_algorithms_say_why_not(fmnist_dir, name):
+    with pytest.raises(ConfigError, match=f"{name} does not run segmentation"):
+        prepare(seg_config(fmnist_dir, algorithm=name))
+
+
+@pytest.mark.parametrize("name", ["fedavg", "ditto", "mupfl"])
+def test_segmentation_runs_resume_bit_identically(fmnist_dir, name):
+    extra = {"edges": 2} if name == "mupfl" else {}
+    assert_same_run(*stopped_and_resumed(seg_config(fmnist_dir, algorithm=name, rounds=4, checkpoint_every=2, **extra)))
+
+
+def test_two_workers_give_the_serial_rows(fmnist_dir):
+    config = seg_config(fmnist_dir, algorithm="fedrep", rounds=2)
+    _, serial, _ = run_with_summary(config)
+    _, parallel, _ = run_with_summary(config.model_copy(update={"workers": 2}))
+    assert strip_timing(serial) == strip_timing(parallel)
+
+
+def test_cli_run_writes_the_segmentation_metrics_by_name(fmnist_dir, tmp_path):
+    out = tmp_path / "run"
+    result = invoke("run", "-a", "fedavg", "--dataset", "fmnist-seg", "--data-dir", fmnist_dir, "--model", "seg-tiny",
+                    "--partition", "semantic", "--clients", "5", "--classes-per-client", "2", "--rounds", "1",
+                    "--set", "dataset_options.size=16", "--set", "dataset_options.train=120",
+                    "--set", "dataset_options.test=40", "--set", "dataset_options.scale=[6,12]",
+                    "--set", "dataset_options.cache=false", "--out", out)  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "pers. mIoU" in result.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert {"personalized_miou", "personalized_macc", "global_miou", "head_iou"} <= set(summary["final"])
+    part = json.loads((out / "partition.json").read_text())
+    assert part["clients"][0]["classes"] == [0, 1]
