@@ -362,7 +362,8 @@ def test_unknown_name() -> None:
         load_dataset("imagenet")
     for name in DATASETS:
         assert name in str(err.value)
-    assert set(DATASETS) == {"fmnist", "mnist", "cifar10", "cifar100", "tinyimagenet", "synthetic", "digits"}
+    assert set(DATASETS) == {"fmnist", "mnist", "cifar10", "cifar100", "tinyimagenet", "synthetic", "digits",
+                             "fmnist-seg", "cityscapes"}
     assert all(isinstance(v, str) and v for v in DATASETS.values())
 
 

@@ -11,7 +11,7 @@ from fedtail.models import MODELS, SplitModel, build_model
 
 NUM_CLASSES = 7  # not 10, so a hard-coded class count would show up
 IMAGE_SHAPES = [(1, 28, 28), (3, 32, 32), (1, 8, 8)]
-NO_8X8 = {"cnn2fc", "convnet", "convnet-wide"}  # unpadded 5x5 convs need at least 16x16
+NO_8X8 = {"cnn2fc", "convnet", "convnet-wide", "mobilenetv3-small-seg"}  # 5x5 convs / 3 stride-2 stages need 16x16
 
 CASES = [
     (name, shape)
@@ -36,9 +36,13 @@ def case(request: pytest.FixtureRequest) -> tuple[str, tuple[int, ...], SplitMod
 def test_output_and_feature_shapes(case: tuple[str, tuple[int, ...], SplitModel]) -> None:
     _, shape, model = case
     x = torch.randn(3, *shape)
-    assert model(x).shape == (3, NUM_CLASSES)
     feats = model.features(x)
-    assert feats.shape == (3, model.feature_dim)
+    if model.dense:  # segmentation: per-pixel logits at the input size from a feature map
+        assert model(x).shape == (3, NUM_CLASSES, *shape[1:])
+        assert feats.dim() == 4 and feats.shape[:2] == (3, model.feature_dim)
+    else:
+        assert model(x).shape == (3, NUM_CLASSES)
+        assert feats.shape == (3, model.feature_dim)
     assert model.num_classes == NUM_CLASSES
     # forward must be exactly head(body(x)); eval mode so BatchNorm uses the same statistics twice.
     model.eval()
@@ -81,7 +85,7 @@ def test_same_seed_same_weights(case: tuple[str, tuple[int, ...], SplitModel]) -
 def test_backward_reaches_every_parameter(case: tuple[str, tuple[int, ...], SplitModel]) -> None:
     _, shape, model = case
     x = torch.randn(2, *shape)
-    y = torch.randint(0, NUM_CLASSES, (2,))
+    y = torch.randint(0, NUM_CLASSES, (2, *shape[1:]) if model.dense else (2,))
     nn.functional.cross_entropy(model(x), y).backward()
     for pname, p in model.named_parameters():
         assert p.grad is not None and torch.isfinite(p.grad).all(), pname
@@ -137,7 +141,8 @@ def test_convnet_wide_is_convnet_with_other_widths() -> None:
 
 def test_smallest_supported_unpadded_input() -> None:
     for name in NO_8X8:
-        assert build_model(name, (1, 16, 16), 3)(torch.randn(2, 1, 16, 16)).shape == (2, 3)
+        out = build_model(name, (1, 16, 16), 3)(torch.randn(2, 1, 16, 16)).shape
+        assert out == ((2, 3, 16, 16) if name == "mobilenetv3-small-seg" else (2, 3))
         with pytest.raises(ConfigError, match="at least 16"):
             build_model(name, (1, 15, 15), 3)
 
@@ -176,7 +181,8 @@ def test_bad_num_classes(num_classes: int) -> None:
 
 
 def test_descriptions_are_one_line() -> None:
-    names = {"cnn-fmnist", "cnn2fc", "convnet", "convnet-wide", "alexnet-small", "resnet8", "resnet18", "mlp"}
+    names = {"cnn-fmnist", "cnn2fc", "convnet", "convnet-wide", "alexnet-small", "resnet8", "resnet18", "mlp",
+             "mobilenetv3-small-seg", "seg-tiny"}
     assert set(MODELS) == names
     for text in MODELS.values():
         assert text and "\n" not in text

@@ -418,5 +418,5 @@ def test_bad_labels(c10) -> None:
 
 
 def test_schemes_listed() -> None:
-    assert set(SCHEMES) == {"iid", "dirichlet", "pathological", "dominant", "stages", "natural"}
+    assert set(SCHEMES) == {"iid", "dirichlet", "pathological", "dominant", "stages", "natural", "semantic"}
     assert all(isinstance(v, str) and "\n" not in v for v in SCHEMES.values())

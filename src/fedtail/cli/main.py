@@ -523,7 +523,7 @@ def partition_cmd(
     flags = {k: v for k, v in settings.items() if k in FLAG_KEYS}
     try:
         config = build_config(raw_from_flags(flags, config_file), set_, rounds=False)
-        _, part = prepare(config)
+        _, part = prepare(config, run=False)
     except FedtailError as err:
         fail(str(err))
     out.parent.mkdir(parents=True, exist_ok=True)

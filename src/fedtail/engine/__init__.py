@@ -9,13 +9,15 @@ from fedtail.errors import ConfigError
 from fedtail.partition import Partition, make_partition
 
 
-def prepare(config: RunConfig) -> tuple[Dataset, Partition]:
-    """Load the dataset and cut it into clients; raises FedtailError on bad input.
+def prepare(config: RunConfig, run: bool = True) -> tuple[Dataset, Partition]:
+    """Load the dataset and cut it into clients; raises FedtailError on bad input (``run``: also
+    unless the algorithm and the model fit the dataset's task; ``fedtail partition`` uses neither).
 
     Segmentation datasets are cut by each image's primary class, over the classes but the background.
     """
     dataset = load_dataset(config.dataset, config.data_dir, **config.dataset_options)
-    check_task(config, dataset)
+    if run:
+        check_task(config, dataset)
     classes = dataset.partition_classes
     if config.partition.scheme == "semantic" and not dataset.segmentation:
         raise ConfigError(f"--partition semantic relabels segmentation masks; {config.dataset!r} is a classification dataset")
