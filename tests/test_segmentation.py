@@ -268,3 +268,26 @@ def test_cli_run_writes_the_segmentation_metrics_by_name(fmnist_dir, tmp_path):
     assert {"personalized_miou", "personalized_macc", "global_miou", "head_iou"} <= set(summary["final"])
     part = json.loads((out / "partition.json").read_text())
     assert part["clients"][0]["classes"] == [0, 1]
+
+
+def test_sampled_masks_are_written_and_the_report_draws_them_beside_a_segmentation_table(fmnist_dir, tmp_path):
+    from fedtail.runner import MASKS, run_to_folder
+
+    root = tmp_path / "runs"
+    for name in ("fedavg", "fedrep"):
+        run_to_folder(seg_config(fmnist_dir, algorithm=name, rounds=2, sample_masks=2), root / "s" / name / "seed0")
+    with np.load(root / "s" / "fedavg" / "seed0" / MASKS) as z:
+        masks = {k: z[k] for k in z.files}
+    assert masks["clients"].tolist() == [0, 1, 2, 3, 4]
+    assert masks["images"].shape == (5, 2, 1, 16, 16) and masks["predicted"].shape == (5, 2, 16, 16)
+    assert set(np.unique(masks["truth"][0])) <= {0, 1, 10, IGNORE_INDEX}  # client 0's labelling
+    data, part = prepare(seg_config(fmnist_dir))
+    assert masks["index"][0].tolist() == part.clients[0].test[:2].tolist()
+    assert np.array_equal(masks["images"][0, :, 0], data.test.x[part.clients[0].test[:2], 0].numpy())
+    md = tmp_path / "R.md"
+    result = invoke("report", root, "--out", md)
+    assert result.exit_code == 0, result.output
+    text = md.read_text()
+    assert "segmentation metrics" in text and "s mIoU" in text and "](R-masks-s.png)" in text
+    assert (tmp_path / "R-masks-s.png").stat().st_size > 5000
+    assert not (root / "s" / "fedavg" / "seed0" / MASKS).with_name("masks.npz.tmp.npz").exists()

@@ -227,6 +227,11 @@ class RunConfig(BaseModel):
         default_factory=list,
         json_schema_extra=setting("evaluated rounds (repeatable) that also log the clients' pairwise similarity: label-distribution KL, model L2 distance and LrCos of the evaluated models (FedAC's Fig. 2; fedtail.metrics.similarity)", panel='Logging', omit_default=True)
     )
+    sample_masks: int = Field(
+        0,
+        ge=0,
+        json_schema_extra=setting("segmentation: the final evaluation's predicted masks of the first K test images of every client, with the images and their true masks, in masks.npz of the run folder (MuPFL's Fig. 9; fedtail report draws them)", panel='Logging', omit_default=True, sweep_ignores=True)
+    )
     log_clustering_every: int = Field(
         LOG_CLUSTERING_EVERY,
         ge=1,

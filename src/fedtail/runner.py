@@ -31,6 +31,20 @@ def checkpoint_diffs(config: RunConfig, out: Path) -> tuple[dict[str, Any], list
     return info, config_diff(info["config"], config.model_dump(mode="json"))
 
 
+MASKS = "masks.npz"  # --sample-masks: the final evaluation's images, true and predicted masks
+
+
+def write_masks(path: Path, masks: dict) -> None:
+    """``masks.npz`` (compressed), written whole or not at all."""
+    import os
+
+    import numpy as np
+
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp.npz")
+    np.savez_compressed(tmp, **masks)
+    os.replace(tmp, path)
+
+
 def run_to_folder(
     config: RunConfig,
     out: Path,
@@ -129,6 +143,8 @@ def run_to_folder(
         for tracker in tracked:
             tracker.close()
     summary = _transport(sim, head | summary)
+    if sim.masks is not None:  # --sample-masks: beside summary.json, which marks the folder finished
+        write_masks(out / MASKS, sim.masks)
     writer.finish(summary)
     return summary
 

@@ -15,7 +15,8 @@ are named here, and the engine, the algorithms and Flower's codec use these name
   rules of one model). With stage tasks there are the same per seen stage, shaped
   (stages, classes), under :func:`stage_key`. A segmentation task's replies add :data:`CONFUSION`,
   the pixel confusion matrix (classes × classes, true by predicted), whose diagonal and row
-  sums the per-class counts are. At a round of ``--similarity-rounds`` it also holds
+  sums the per-class counts are, and at the final evaluation of a run with ``--sample-masks K``
+  :data:`EVAL_MASKS`, the predicted masks of the client's first K evaluation images. At a round of ``--similarity-rounds`` it also holds
   :data:`EVAL_MODEL`, the evaluated model's parameters as one flat vector
   (:mod:`fedtail.metrics.similarity`).
 """
@@ -36,6 +37,7 @@ TOTAL = "total"  # evaluation tensors: evaluated samples per class
 NAMED = "correct:"  # evaluation tensors: "correct:NAME", the counts of the named accuracy NAME
 BY_STAGE = "stage_"  # evaluation tensors: the per-stage arrays, "stage_correct", "stage_total", ...
 CONFUSION = "confusion"  # evaluation tensors, segmentation: pixels per (true class, predicted class)
+EVAL_MASKS = "predicted_masks"  # evaluation tensors, segmentation, final round with --sample-masks K: (K, H, W) uint8
 EVAL_MODEL = "evaluated_model"  # evaluation tensors at similarity rounds: the scored model, flattened
 
 

@@ -189,6 +189,9 @@ class ClientContext:
     finetune: FinetuneConfig | None = None
     # evaluation tasks of a --similarity-rounds round: the reply carries the scored model (engine-set)
     capture_model: bool = False
+    # segmentation, the final evaluation of a run with --sample-masks K: the reply carries the
+    # predicted masks of the first K evaluation images (engine-set)
+    capture_masks: int = 0
 
     def __post_init__(self) -> None:
         # The client's random stream (shuffles, sampled features) stays on the CPU on every device:
@@ -309,6 +312,8 @@ class ClientContext:
         message = eval_message(self.count(model, predict, main))
         if self.capture_model:
             message.tensors[wire.EVAL_MODEL] = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+        if self.capture_masks and self.dataset.segmentation:
+            message.tensors[wire.EVAL_MASKS] = predicted_masks(model, self.dataset, self.data, self.capture_masks)
         return message
 
     def _finetune(self, model: SplitModel, role: str) -> None:
@@ -358,6 +363,18 @@ class ClientContext:
         """A reply carrying ``tensors`` and this call's training totals (samples, loss, steps)."""
         base = self.stats.as_metrics() | {wire.NUM_EXAMPLES: float(self.data.num_train)}
         return Message(kind="reply", tensors=tensors or {}, metrics=base | metrics)
+
+
+def predicted_masks(model: nn.Module, dataset: Dataset, data: ClientData, k: int) -> torch.Tensor:
+    """The (k, H, W) uint8 argmax masks of ``model`` for the first ``k`` evaluation images of ``data``."""
+    index = data.eval_index[:k]
+    was_training = model.training
+    model.eval()
+    with torch.inference_mode():
+        x, _ = dataset.batch(data.eval_split, index, data.labels)
+        masks = model(x).argmax(dim=1).to(torch.uint8) if len(index) else torch.empty(0, *dataset.input_shape[1:], dtype=torch.uint8)
+    model.train(was_training)
+    return masks
 
 
 def eval_message(counts: EvalCounts) -> Message:

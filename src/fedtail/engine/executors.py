@@ -157,6 +157,7 @@ class ClientRuntime:
             state=MappingProxyType(state) if task.read_only else state,  # type: ignore[arg-type]
             finetune=self.finetune if task.read_only else None,
             capture_model=task.read_only and task.rnd in self.config.similarity_rounds,
+            capture_masks=self.config.sample_masks if task.read_only and task.rnd == self.config.rounds else 0,
         )
         reply = to_host(self.client.handle(to_device(task.message, self.device), ctx))
         local = None

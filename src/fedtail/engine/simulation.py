@@ -178,6 +178,8 @@ class Simulation:
         self.record = RunRecord(list(config.targets))
         self.round_logs: list[dict[str, Any]] = []
         self.rounds_done = 0  # rounds completed (those of a restored checkpoint included)
+        # --sample-masks: the final evaluation's images, true and predicted masks (runner: masks.npz)
+        self.masks: dict[str, np.ndarray] | None = None
         self.elapsed_before = 0.0  # wall seconds spent before a restored checkpoint
         local = self.executor_factory is None
         serial = local and config.workers == 1
@@ -332,7 +334,10 @@ class Simulation:
                 global_seen = self._global_seen_counts(rnd, model)
         models: dict[int, torch.Tensor] = {}
         confusions: dict[int, torch.Tensor] = {}
-        main, named, local, answered = self._gather(results, rnd, models, confusions)
+        masks: dict[int, torch.Tensor] = {}
+        main, named, local, answered = self._gather(results, rnd, models, confusions, masks)
+        if masks:
+            self.masks = self._sample_masks(rnd, masks)
         row |= personalized_metrics(main.correct, main.total, self.groups)
         if self.dataset.segmentation:
             C = self.dataset.num_classes
@@ -370,7 +375,7 @@ class Simulation:
 
     def _gather(
         self, results, rnd: int, models: dict[int, torch.Tensor] | None = None,
-        confusions: dict[int, torch.Tensor] | None = None,
+        confusions: dict[int, torch.Tensor] | None = None, masks: dict[int, torch.Tensor] | None = None,
     ) -> tuple[StageCounts, dict[str, StageCounts], StageCounts | None, set[int]]:
         """The clients' evaluation replies as count arrays (evaluation never writes client state).
 
@@ -410,7 +415,35 @@ class Simulation:
                 models[result.cid] = t[wire.EVAL_MODEL]
             if confusions is not None and wire.CONFUSION in t:
                 confusions[result.cid] = t[wire.CONFUSION]
+            if masks is not None and wire.EVAL_MASKS in t:
+                masks[result.cid] = t[wire.EVAL_MASKS]
         return main, named, local, answered
+
+    def _sample_masks(self, rnd: int, predicted: dict[int, torch.Tensor]) -> dict[str, np.ndarray]:
+        """The clients' sampled masks with their images and true masks (each client's labelling),
+        as arrays: ``clients`` (n,), ``index`` (n, K) rows of the evaluated split (−1: none),
+        ``images`` (n, K, C, H, W) uint8, ``truth`` (n, K, H, W) int16 (−100: ignored) and
+        ``predicted`` (n, K, H, W) int16 (−1: none)."""
+        cids = sorted(predicted)
+        k = max(len(predicted[c]) for c in cids)
+        shape = self.dataset.input_shape
+        out = {
+            "clients": np.array(cids, dtype=np.int64),
+            "index": np.full((len(cids), k), -1, dtype=np.int64),
+            "images": np.zeros((len(cids), k, *shape), dtype=np.uint8),
+            "truth": np.full((len(cids), k, *shape[1:]), -100, dtype=np.int16),
+            "predicted": np.full((len(cids), k, *shape[1:]), -1, dtype=np.int16),
+        }
+        views = self.views.at(rnd)
+        for i, cid in enumerate(cids):
+            view, n = views[cid], len(predicted[cid])
+            index = view.eval_index[:n]
+            _, truth = self.dataset.batch(view.eval_split, index, view.labels)
+            out["index"][i, :n] = index.cpu().numpy()
+            out["images"][i, :n] = view.eval_split.x[index].cpu().numpy()
+            out["truth"][i, :n] = truth.cpu().numpy()
+            out["predicted"][i, :n] = predicted[cid].numpy()
+        return out
 
     def _similarity(self, models: dict[int, torch.Tensor]) -> dict[str, Any]:
         """FedAC's Fig. 2 matrices of the clients that answered (:mod:`fedtail.metrics.similarity`)."""

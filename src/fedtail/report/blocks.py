@@ -39,10 +39,20 @@ from fedtail.report.plots import (
     plot_accuracy_curves,
     plot_acmu,
     plot_class_probabilities,
+    plot_masks,
     plot_client_similarity,
     plot_similarity,
 )
-from fedtail.report.tables import METRICS, Reference, accuracy_table, has_stage_metrics, incomplete_cells, stage_table
+from fedtail.report.tables import (
+    METRICS,
+    Reference,
+    accuracy_table,
+    has_segmentation_metrics,
+    has_stage_metrics,
+    incomplete_cells,
+    segmentation_table,
+    stage_table,
+)
 
 Figure = tuple[str, Path]  # (caption, PNG file)
 
@@ -226,6 +236,25 @@ def accuracy_blocks(col: Collection, reference: Reference | None, level: int = 2
             stage_table(col, "last10", reference),
             "",
         ]
+    if has_segmentation_metrics(col):
+        md += [
+            f"{h} Final-round segmentation metrics (%)",
+            "",
+            "Segmentation runs: mIoU and mAcc of each client's model on its own test images in its own labelling "
+            "(its classes and the background), the unweighted mean over clients; global mIoU: the global model on "
+            "the whole test split in the dataset's labelling (— without a global model). A class enters a mean where "
+            "it has ground-truth pixels (`summary.json` → `final`; `fedtail.metrics.segmentation`). The accuracy "
+            "tables above are pixel accuracies.",
+            "",
+            segmentation_table(col, "final", reference),
+            "",
+            f"{h} Segmentation metrics, mean over the final 10 rounds (%)",
+            "",
+            "As above, each the mean over the evaluations of the final 10 rounds (`summary.json` → `last10`).",
+            "",
+            segmentation_table(col, "last10", reference),
+            "",
+        ]
     return md
 
 
@@ -355,6 +384,28 @@ def class_probabilities_figure(col: Collection, setting: str, method: str, png: 
             return (f"The global model's mean softmax over the global test images of each class, and its mean "
                     f"probability of the right class, at the last evaluated round, {label} ({run.dir}).", png)  # fmt: skip
     return None
+
+
+def masks_figure(col: Collection, setting: str, png: Path) -> Figure | None:
+    """MuPFL's Fig. 9 for one setting: sampled test images, their true masks and the masks of each
+    method's first finished seed that wrote ``masks.npz`` (``--sample-masks``), the same seed for all."""
+    import numpy as np
+
+    from fedtail.runner import MASKS
+
+    panels, seed, classes = [], None, 0
+    for method in col.methods:
+        for run in col.finished(setting, method):
+            if (run.dir / MASKS).is_file() and seed in (None, run.seed):
+                with np.load(run.dir / MASKS) as z:
+                    panels.append((method, {k: z[k] for k in z.files}))
+                seed, classes = run.seed, max(classes, int(panels[-1][1]["truth"].max()) + 1)
+                break
+    if not panels or not plot_masks(panels, png, classes, title=f"Predicted masks: {setting} / seed {seed}"):
+        return None
+    names = ", ".join(label for label, _ in panels)
+    return (f"The first test image of each of the first clients, its true mask in the client's labelling and the "
+            f"final masks of {names} ({setting}, seed {seed}; MuPFL's Fig. 9).", png)  # fmt: skip
 
 
 def acmu_figure(run: Run, setting: str, method: str, png: Path) -> Figure | None:
@@ -533,6 +584,9 @@ def collection_figures(
         if fig:
             figures.append(fig)
     for s in col.settings:
+        fig = masks_figure(col, s, scatter_png(f"masks-{slug(s)}"))
+        if fig:
+            figures.append(fig)
         for m in col.methods:
             fig = gc_rounds_figure(col, s, m, scatter_png(f"gc-{slug(s)}-{slug(m)}"))
             if fig:

@@ -334,3 +334,41 @@ def plot_class_probabilities(rows: list[dict[str, Any]], path: Path, title: str 
     fig.savefig(path)
     plt.close(fig)
     return True
+
+
+def plot_masks(panels: Sequence[tuple[str, dict[str, np.ndarray]]], path: Path, num_classes: int, rows: int = 4,
+               title: str = "") -> bool:
+    """MuPFL's Fig. 9: per sampled test image (one per client, the first clients first) the input, its
+    true mask and each run's predicted mask; ``panels``: (label, a run's ``masks.npz``) pairs of runs
+    on the same partition. Ignored pixels are black. False when no run sampled a mask."""
+    panels = [(label, m) for label, m in panels if len(m["clients"])]
+    if not panels:
+        return False
+    first = panels[0][1]
+    picks = [(i, 0) for i in range(len(first["clients"]))][:rows]
+    cmap = plt.get_cmap("tab20", max(num_classes, 2))
+    colours = lambda mask: np.where((mask >= 0)[..., None], cmap(np.clip(mask, 0, None) % 20)[..., :3], 0.0)  # noqa: E731
+    cols = 2 + len(panels)
+    fig, axes = plt.subplots(len(picks), cols, figsize=(1.7 * cols, 1.7 * len(picks) + 0.4), dpi=110, squeeze=False)
+    for r, (i, k) in enumerate(picks):
+        image = first["images"][i, k]
+        shown = image[0] if image.shape[0] == 1 else image.transpose(1, 2, 0)
+        cells = [("input", shown, "gray"), ("ground truth", colours(first["truth"][i, k]), None)]
+        for label, m in panels:
+            j = np.flatnonzero(m["clients"] == first["clients"][i])
+            mask = m["predicted"][j[0], k] if len(j) else np.full_like(first["predicted"][i, k], -1)
+            cells.append((label, colours(mask), None))
+        for c, (label, data, cm) in enumerate(cells):
+            ax = axes[r][c]
+            ax.imshow(data, cmap=cm, interpolation="nearest")
+            ax.set_xticks([]), ax.set_yticks([])
+            if r == 0:
+                ax.set_title(label, fontsize=8)
+            if c == 0:
+                ax.set_ylabel(f"client {int(first['clients'][i])}", fontsize=7)
+    if title:
+        fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return True

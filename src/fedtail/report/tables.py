@@ -28,6 +28,8 @@ METRICS = {
 }
 # Stage-task runs (--partition stages): the GLDP paper's metrics, from summary.json → final.
 STAGE_METRICS = {"a_local": "A_local", "a_global": "A_global", "a_part": "A_part"}
+# Segmentation runs: MuPFL's Tables III–IV report mIoU and mAcc (fedtail.metrics.segmentation).
+SEGMENTATION_METRICS = {"personalized_miou": "mIoU", "personalized_macc": "mAcc", "global_miou": "global mIoU"}
 
 
 @dataclass
@@ -103,7 +105,8 @@ class Reference:
     # sweep file stem -> setting -> method -> percent: where one sweep file's section (e.g. an
     # ablation table) has its own number for a method that another section shares
     sections: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
-    # setting -> method -> {"a_local" | "a_global" | "a_part": percent}: beside the stage-task tables
+    # setting -> method -> {key: percent}: beside the stage-task tables (STAGE_METRICS keys, from the
+    # file's [stages] tables) and the segmentation tables (SEGMENTATION_METRICS keys, [segmentation])
     stages: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
     label: str = "paper"  # the columns' mark, e.g. "paper, CIFAR-10" when the paper's data differ
 
@@ -130,7 +133,7 @@ class Reference:
         return Reference(values, self.source, self.metric, stages=self.stages, label=self.label)
 
 
-REFERENCE_KEYS = ("reference", "sections", "stages", "source", "metric", "label")
+REFERENCE_KEYS = ("reference", "sections", "stages", "segmentation", "source", "metric", "label")
 
 
 def _percentages(path: Path, where: str, table: Any) -> dict[str, dict[str, float]]:
@@ -164,6 +167,9 @@ def load_reference(path: Path) -> Reference:
     if unknown:
         raise ConfigError(f"--reference {path}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(REFERENCE_KEYS)}")
     stages = _stage_percentages(path, raw.get("stages", {}))
+    for setting, methods in _stage_percentages(path, raw.get("segmentation", {}), "segmentation", SEGMENTATION_METRICS).items():
+        for method, values in methods.items():
+            stages.setdefault(setting, {}).setdefault(method, {}).update(values)
     values = _percentages(path, "reference", raw.get("reference")) if "reference" in raw or not stages else {}
     sections_raw = raw.get("sections", {})
     if not isinstance(sections_raw, dict):
@@ -179,28 +185,31 @@ def load_reference(path: Path) -> Reference:
     return Reference(values, str(source) if source is not None else None, metric, sections, stages, label.strip())
 
 
-def _stage_percentages(path: Path, table: Any) -> dict[str, dict[str, dict[str, float]]]:
-    """``[stages.SETTING.METHOD] a_local = percent`` (and a_global, a_part), validated."""
+def _stage_percentages(
+    path: Path, table: Any, name: str = "stages", allowed: dict[str, str] = STAGE_METRICS
+) -> dict[str, dict[str, dict[str, float]]]:
+    """``[stages.SETTING.METHOD] a_local = percent`` (and a_global, a_part), or the same under
+    ``[segmentation.…]`` with :data:`SEGMENTATION_METRICS` keys, validated."""
     if not isinstance(table, dict):
-        raise ConfigError(f"--reference {path}: stages must be [stages.SETTING.METHOD] tables")
+        raise ConfigError(f"--reference {path}: {name} must be [{name}.SETTING.METHOD] tables")
     out: dict[str, dict[str, dict[str, float]]] = {}
     for setting, methods in table.items():
         if not isinstance(methods, dict):
-            raise ConfigError(f"--reference {path}: stages.{setting} must hold [stages.{setting}.METHOD] tables")
+            raise ConfigError(f"--reference {path}: {name}.{setting} must hold [{name}.{setting}.METHOD] tables")
         for method, values in methods.items():
             if not isinstance(values, dict) or not values:
                 raise ConfigError(
-                    f"--reference {path}: stages.{setting}.{method} must be a table of "
-                    f"{' / '.join(STAGE_METRICS)} = percent"
+                    f"--reference {path}: {name}.{setting}.{method} must be a table of "
+                    f"{' / '.join(allowed)} = percent"
                 )
             for key, value in values.items():
-                if key not in STAGE_METRICS:
+                if key not in allowed:
                     raise ConfigError(
-                        f"--reference {path}: stages.{setting}.{method}.{key}: unknown; use {', '.join(STAGE_METRICS)}"
+                        f"--reference {path}: {name}.{setting}.{method}.{key}: unknown; use {', '.join(allowed)}"
                     )
                 if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 100:
                     raise ConfigError(
-                        f"--reference {path}: stages.{setting}.{method}.{key} must be a percentage in [0, 100] "
+                        f"--reference {path}: {name}.{setting}.{method}.{key} must be a percentage in [0, 100] "
                         f"(got {value!r})"
                     )
                 out.setdefault(str(setting), {}).setdefault(str(method), {})[key] = float(value)
@@ -248,18 +257,31 @@ def has_stage_metrics(col: Collection) -> bool:
     return any("a_local" in ((r.summary or {}).get("final") or {}) for r in col.runs if r.finished)
 
 
-def stage_table(col: Collection, which: str = "final", reference: Reference | None = None) -> str:
-    """A_local / A_global / A_part of ``which`` (final or last10): rows = methods, three columns per
-    setting, each followed by a reference column where ``reference`` has stage numbers for it."""
+def has_segmentation_metrics(col: Collection) -> bool:
+    """Whether some finished run is a segmentation run (its summary has mIoU)."""
+    return any("personalized_miou" in ((r.summary or {}).get("final") or {}) for r in col.runs if r.finished)
+
+
+def segmentation_table(col: Collection, which: str = "final", reference: Reference | None = None) -> str:
+    """mIoU / mAcc / global mIoU of ``which``, as :func:`stage_table` lays out the stage metrics."""
+    return stage_table(col, which, reference, SEGMENTATION_METRICS)
+
+
+def stage_table(
+    col: Collection, which: str = "final", reference: Reference | None = None, metrics: dict[str, str] = STAGE_METRICS
+) -> str:
+    """A_local / A_global / A_part (or other ``metrics`` of summary.json) of ``which`` (final or last10):
+    rows = methods, a column per metric and setting, each followed by a reference column where
+    ``reference`` has numbers for it."""
     use_ref = reference is not None and reference.applies(which)
     columns = [
         (s, key, ref)
         for s in col.settings
-        for key in STAGE_METRICS
+        for key in metrics
         for ref in ((False, True) if use_ref and reference.has_stage(s, key) else (False,))  # type: ignore[union-attr]
     ]
     header = ["method"] + [
-        f"{s} {STAGE_METRICS[key]}" + (f" ({reference.label})" if ref else "")  # type: ignore[union-attr]
+        f"{s} {metrics[key]}" + (f" ({reference.label})" if ref else "")  # type: ignore[union-attr]
         for s, key, ref in columns
     ]
     rows = []
