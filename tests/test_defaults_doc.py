@@ -23,6 +23,8 @@ DOC = ROOT / "docs" / "defaults.md"
 
 MAIN_TABLES = [
     "mupfl/table2_fmnist.toml",
+    "mupfl/table3_fmnist_seg.toml",  # segmentation, the fmnist-seg proxy of Cityscapes
+    "mupfl/table3_cityscapes.toml",  # the same on Cityscapes (not run here)
     "gldp/table1_fmnist.toml",
     "gldp/tables23_fmnist.toml",
     "fedac/table1_fmnist.toml",
@@ -35,6 +37,7 @@ ABLATIONS = [
     "mupfl/table1_fmnist.toml",  # FedAvg / FL+HC / MuPFL at fixed cluster counts
     "mupfl/table5_fmnist.toml",
     "mupfl/table6_fmnist.toml",
+    "mupfl/table4_fmnist_seg.toml",  # MuPFL's local epochs x classes per client (segmentation)
     "gldp/table4_fmnist.toml",
     "fedrema/table3_fmnist.toml",
     "fedrema/table5_fmnist.toml",
