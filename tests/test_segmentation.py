@@ -290,4 +290,20 @@ def test_sampled_masks_are_written_and_the_report_draws_them_beside_a_segmentati
     text = md.read_text()
     assert "segmentation metrics" in text and "s mIoU" in text and "](R-masks-s.png)" in text
     assert (tmp_path / "R-masks-s.png").stat().st_size > 5000
+    assert "Personalised mIoU per round" in text
     assert not (root / "s" / "fedavg" / "seed0" / MASKS).with_name("masks.npz.tmp.npz").exists()
+
+
+def test_a_segmentation_run_on_flower_gives_the_simulators_rows_and_masks(fmnist_dir, tmp_path):
+    from fedtail.flower.inprocess import InProcessGrid
+    from fedtail.flower.server import serve
+    from fedtail.runner import MASKS, run_to_folder
+    from test_flower_adapter import nodes, rows_of, run_config
+
+    config = seg_config(fmnist_dir, algorithm="fedrep", rounds=2, sample_masks=1, checkpoint_every=0)
+    run_to_folder(config, tmp_path / "sim")
+    grid = InProcessGrid(nodes(tmp_path, {"clients": "0,2"}, {"clients": "1,3,4"}), rc := run_config(config, tmp_path / "run"))
+    serve(grid, rc)
+    assert strip_timing(rows_of(tmp_path / "run")) == strip_timing(rows_of(tmp_path / "sim"))
+    with np.load(tmp_path / "sim" / MASKS) as a, np.load(tmp_path / "run" / MASKS) as b:
+        assert a.files == b.files and all(np.array_equal(a[k], b[k]) for k in a.files)

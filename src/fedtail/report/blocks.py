@@ -302,6 +302,19 @@ def accuracy_figure(col: Collection, png: Path) -> Figure | None:
     return ("Personalised accuracy per round: mean over seeds, shaded band = min–max over seeds.", png)
 
 
+def miou_figure(col: Collection, png: Path) -> Figure | None:
+    """Personalised mIoU vs round of the segmentation runs; None without any."""
+    if not has_segmentation_metrics(col):
+        return None
+    methods = plotted_methods(col)
+    curves = {(s, m): [r.metrics() for r in col.finished(s, m)] for s in col.settings for m in methods}
+    if not plot_accuracy_curves(curves, col.settings, methods, png, key="personalized_miou",
+                                title="Personalised mIoU per round (mean over seeds, band = min–max)"):  # fmt: skip
+        return None
+    return ("Personalised mIoU per round (each client's model on its own test images, its own labelling): "
+            "mean over seeds, shaded band = min–max over seeds.", png)  # fmt: skip
+
+
 def participants_figure(col: Collection, png: Path) -> Figure | None:
     """A_part over the final 10 rounds (of global optimisation) of the stage-task runs (the GLDP
     paper's Figure 4: "the test accuracy of our selected participating clients in the final 10 global
@@ -576,6 +589,7 @@ def collection_figures(
     notes: list[str] = []
     for fig in (
         accuracy_figure(col, curve_png("accuracy")),
+        miou_figure(col, curve_png("miou")),
         participants_figure(col, curve_png("participants")),
         sensitivity_figure(col, groups, curve_png("sensitivity")),
         cluster_count_figure(col, curve_png("clusters-per-round")),
