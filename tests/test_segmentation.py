@@ -118,17 +118,31 @@ def test_fmnist_seg_is_deterministic_cached_and_labels_each_image_by_a_class_it_
     assert all(shown) and int(a.train.primary.max()) < 10
 
 
-def test_the_primary_class_is_the_rarest_class_an_image_shows():
-    masks = torch.full((3, 10, 10), 3, dtype=torch.uint8)  # 3: background
+def test_the_primary_class_balances_the_classes_an_image_shows_rarer_first():
+    masks = torch.full((6, 10, 10), 3, dtype=torch.uint8)  # 3: background
     masks[0, :5] = 0
     masks[0, 5:6] = 1  # 10 % of its pixels
     masks[1, :] = 0
-    masks[2, 0, 0] = 2  # 1 pixel, below MIN_SHARE... but the image shows nothing else
+    masks[2, 0, 0] = 2  # 1 pixel, below MIN_SHARE, but the image shows nothing else
+    masks[3:, :5], masks[3:, 5:] = 0, 1  # three images that show classes 0 and 1
     frequency = np.array([100, 5, 50])
-    assert primary_classes(masks, 3, frequency).tolist() == [1, 0, 2]
+    # 0: a tie at no images, the rarer class 1; 3: class 0 has 1 image, class 1 has 1: the rarer, 1;
+    # 4: class 0 (1 image) before class 1 (2); 5: a tie at 2, the rarer
+    assert primary_classes(masks, 3, frequency).tolist() == [1, 0, 2, 1, 0, 1]
     masks[2, 0, 0] = 3
     with pytest.raises(DataError, match="image 2 shows none"):
         primary_classes(masks, 3, frequency)
+
+
+def test_every_class_of_street_like_scenes_gets_images():
+    """Every image shows classes 0-2 (road, sky, buildings) on most of its pixels beside one rarer class."""
+    masks = torch.zeros(60, 10, 10, dtype=torch.uint8)
+    masks[:, 3:6] = 1
+    masks[:, 6:9] = 2
+    masks[:, 9] = torch.arange(60).remainder(3).add(3).to(torch.uint8)[:, None]  # one of 3, 4, 5
+    frequency = pixel_counts(masks, 6)
+    counts = np.bincount(primary_classes(masks, 6, frequency).numpy(), minlength=6)
+    assert counts.min() >= 9 and counts.sum() == 60
 
 
 def test_the_cityscapes_loader_reads_the_official_layout_and_maps_label_ids_to_train_ids(tmp_path):
@@ -195,6 +209,28 @@ def test_semantic_partition_needs_a_segmentation_dataset_and_a_matching_model(fm
         prepare(seg_config(fmnist_dir, model="cnn-fmnist"))
     with pytest.raises(ConfigError, match="use a classifier"):
         prepare(build_config(tiny_raw() | {"dataset": "digits", "dataset_options": {}, "model": "seg-tiny"}))
+
+
+def test_settings_of_the_other_task_are_refused_before_the_run(fmnist_dir):
+    with pytest.raises(ConfigError, match="--class-probabilities .* is for classification"):
+        prepare(seg_config(fmnist_dir, class_probabilities=True))
+    with pytest.raises(ConfigError, match="--sample-masks writes predicted masks of a segmentation run"):
+        prepare(build_config(tiny_raw(sample_masks=2)))
+
+
+def test_similarity_rounds_of_a_segmentation_run_use_the_primary_classes(fmnist_dir):
+    _, rows, sim = run_with_summary(seg_config(fmnist_dir, algorithm="fedac", rounds=1, similarity_rounds=[1]))
+    logged = rows[-1]["client_similarity"]
+    assert logged["clients"] == [0, 1, 2, 3, 4] and len(logged["kl"]) == 5
+
+
+def test_data_info_describes_a_segmentation_dataset(fmnist_dir, capsys, monkeypatch, tmp_path):
+    from fedtail.data.__main__ import main
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert main(["info", "fmnist-seg", "--data-dir", str(fmnist_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "segmentation, background class 10" in out and "images by primary class" in out
 
 
 # --- models ----------------------------------------------------------------------------------------

@@ -63,11 +63,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Literal
 
 import torch
-import torch.nn.functional as F
 from pydantic import Field
 from torch.func import functional_call
 
-from fedtail.algorithms.base import Algorithm, AlgorithmConfig, ClientHalf, Message, Reference, Tensors
+from fedtail.algorithms.base import Algorithm, AlgorithmConfig, ClientHalf, Message, Reference, Tensors, cross_entropy
 from fedtail.algorithms.base import StepHook
 from fedtail.algorithms.fedavg import FedAvgServer
 
@@ -105,7 +104,7 @@ def mixed_backward(
     names, v = zip(*personal.named_parameters())
     a = torch.as_tensor(alpha, dtype=v[0].dtype, device=v[0].device).detach().requires_grad_(adaptive)
     mixed = {name: a * p + (1 - a) * q.detach() for name, p, q in zip(names, v, w, strict=True)}
-    loss = F.cross_entropy(functional_call(personal, mixed, (x,)), y)
+    loss = cross_entropy(functional_call(personal, mixed, (x,)), y)
     loss.backward()
     return loss.detach(), a.grad if adaptive else None
 

@@ -72,6 +72,17 @@ def to_like(value: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return value.to(like.device)
 
 
+def cross_entropy(logits: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """``F.cross_entropy`` of per-sample logits, or of a segmentation model's (B, C, H, W) logits with
+    every pixel a row (targets −100 ignored; the mean is over the pixels not ignored). The pixels go
+    through the 1-D kernel: PyTorch's 2-D one has no deterministic CUDA version."""
+    import torch.nn.functional as F
+
+    if logits.dim() > 2:
+        logits, y = logits.movedim(1, -1).reshape(-1, logits.shape[1]), y.reshape(-1)
+    return F.cross_entropy(logits, y, reduction=reduction)
+
+
 def class_counts(labels: torch.Tensor, num_classes: int, where: torch.Tensor | None = None) -> torch.Tensor:
     """How many of ``labels`` (values in 0..num_classes − 1) fall in each class, among those ``where``
     holds (a bool mask) if given: ``torch.bincount``'s counts, int64, without its read of the

@@ -74,11 +74,10 @@ import math
 from typing import TYPE_CHECKING, Any, Iterator, Literal
 
 import torch
-import torch.nn.functional as F
 from pydantic import Field
 from torch.func import functional_call
 
-from fedtail.algorithms.base import PFLLIB, Algorithm, AlgorithmConfig, ClientHalf, Message, Reference, shuffled
+from fedtail.algorithms.base import PFLLIB, Algorithm, AlgorithmConfig, ClientHalf, Message, Reference, cross_entropy, shuffled
 from fedtail.algorithms.fedavg import FedAvgServer
 
 if TYPE_CHECKING:
@@ -139,7 +138,7 @@ def step_batches(ctx: ClientContext, k: int, steps: str) -> Iterator[list[torch.
 
 def _loss(model: nn.Module, names: list[str], params, batch: Batch) -> torch.Tensor:
     x, y = batch
-    return F.cross_entropy(functional_call(model, dict(zip(names, params)), (x,)), y)
+    return cross_entropy(functional_call(model, dict(zip(names, params)), (x,)), y)
 
 
 def meta_gradient(

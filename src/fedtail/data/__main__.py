@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+import torch
+
 from fedtail.data.registry import DATASETS, ensure_dataset, load_dataset
 from fedtail.errors import FedtailError
 
@@ -35,8 +37,17 @@ def main(argv: list[str] | None = None) -> int:
             print(f"input shape: {ds.input_shape} ({ds.train.x.dtype})")
             more = " ..." if ds.num_classes > 12 else ""
             print(f"classes:     {ds.num_classes}: {', '.join(ds.class_names[:12])}{more}")
-            counts = ds.train.y.bincount(minlength=ds.num_classes)
-            print(f"train/class: min {int(counts.min())}, max {int(counts.max())}")
+            if ds.segmentation:
+                from fedtail.data.segmentation import pixel_counts
+
+                pixels = pixel_counts(ds.train.y, ds.num_classes)
+                images = torch.as_tensor(ds.train.labels).bincount(minlength=ds.partition_classes)
+                print(f"task:        segmentation, background class {ds.background}, masks {tuple(ds.train.y.shape[1:])}")
+                print(f"train/class: pixels min {int(pixels.min())}, max {int(pixels.max())}; "
+                      f"images by primary class min {int(images.min())}, max {int(images.max())}")
+            else:
+                counts = ds.train.y.bincount(minlength=ds.num_classes)
+                print(f"train/class: min {int(counts.min())}, max {int(counts.max())}")
             if len(ds.mean) <= 3:
                 print(f"mean/std:    {ds.mean} / {ds.std}")
     except FedtailError as exc:

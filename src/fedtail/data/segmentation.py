@@ -7,12 +7,14 @@ Masks are uint8 class ids, :data:`~fedtail.data.base.IGNORE` (255) where no loss
 Readings (MuPFL's paper is silent on them):
 
 - **Primary class.** The partition schemes place samples by one label; a street scene holds many
-  classes. An image's primary class (:func:`primary_classes`) is the class of the partition (not
-  the background) that is *rarest* in the training split among those covering at least
-  ``MIN_SHARE`` of its pixels: most Cityscapes images are mostly road, so "the largest class" would
-  leave the tail classes without images, while "the rarest present" gives each class the images that
-  show it, and the long-tail cut (``--imbalance``, CReFF's [40] profile over classes) then thins the
-  images of the tail classes, as the paper's IF does.
+  classes. An image's primary class (:func:`primary_classes`) is one of the classes (not the
+  background) it shows on at least ``MIN_SHARE`` of its pixels: in image order, the one given the
+  fewest images so far (ties: the rarer class in training pixels). Nearly every Cityscapes image is
+  mostly road, sky and buildings beside rarer classes, so "its largest class" would leave the rare
+  classes without images and "its rarest class" the frequent ones; balancing gives every class the
+  images that show it, as evenly as the images allow, and the long-tail cut (``--imbalance``,
+  CReFF's [40] profile over the class index) then makes the per-class image counts long-tailed, as
+  the paper's IF does.
 - **Background.** Cityscapes gets a 20th class, ``background`` (train id 19): what MuPFL's client
   labelling "sets ... as background", i.e. the classes a client does not keep. Cityscapes' own void
   pixels (train id 255) stay ignored, in every labelling. fmnist-seg's empty canvas is its background.
@@ -65,20 +67,22 @@ def cityscapes_train_ids() -> np.ndarray:
     return table
 
 
-def pixel_counts(masks: torch.Tensor, num_classes: int, chunk: int = 1024) -> np.ndarray:
+def pixel_counts(masks: torch.Tensor, num_classes: int) -> np.ndarray:
     """Pixels of each class in ``masks`` (N, H, W) (ignored pixels left out), as int64."""
     counts = torch.zeros(num_classes, dtype=torch.int64)
+    chunk = max(1, 2**22 // max(1, masks[0].numel())) if len(masks) else 1
     for start in range(0, len(masks), chunk):
         m = masks[start : start + chunk].reshape(-1).cpu().long()
         counts += torch.bincount(m[m < num_classes], minlength=num_classes)[:num_classes]
     return counts.numpy()
 
 
-def image_pixel_counts(masks: torch.Tensor, num_classes: int, chunk: int = 1024) -> torch.Tensor:
-    """(N, num_classes) int64: each image's pixels of each class (ignored pixels left out)."""
+def image_pixel_counts(masks: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """(N, num_classes) int64 on the CPU: each image's pixels of each class (ignored pixels left out)."""
     out = torch.zeros(len(masks), num_classes, dtype=torch.int64)
+    chunk = max(1, 2**22 // max(1, masks[0].numel())) if len(masks) else 1  # ~4M pixels at a time
     for start in range(0, len(masks), chunk):
-        m = masks[start : start + chunk].reshape(min(chunk, len(masks) - start), -1).long()
+        m = masks[start : start + chunk].cpu().reshape(min(chunk, len(masks) - start), -1).long()
         rows = torch.arange(len(m)).unsqueeze(1).expand_as(m)
         valid = m < num_classes
         cells = (rows * num_classes + m)[valid]
@@ -87,24 +91,27 @@ def image_pixel_counts(masks: torch.Tensor, num_classes: int, chunk: int = 1024)
 
 
 def primary_classes(masks: torch.Tensor, classes: int, frequency: np.ndarray) -> torch.Tensor:
-    """Each image's primary class (see the module docstring): among the classes below ``classes``
-    (the background excluded) that cover at least ``MIN_SHARE`` of its pixels, the one with the
-    lowest ``frequency``; with none that large, its largest such class. DataError for an image
-    showing none."""
-    counts = image_pixel_counts(masks, classes)
+    """Each image's primary class (see the module docstring): in image order, among the classes
+    below ``classes`` (the background excluded) that cover at least ``MIN_SHARE`` of its pixels, the
+    one given the fewest images so far, the one with the lowest ``frequency`` on ties; with none
+    that large, its largest such class. DataError for an image showing none."""
+    counts = image_pixel_counts(masks, classes).numpy()
     pixels = masks.shape[1] * masks.shape[2]
     shown = counts >= max(1, int(np.ceil(MIN_SHARE * pixels)))
-    rank = torch.as_tensor(np.argsort(np.argsort(np.asarray(frequency[:classes]), kind="stable"), kind="stable"))
-    score = torch.where(shown, rank.unsqueeze(0).expand_as(counts), torch.iinfo(torch.int64).max)
-    primary = score.argmin(dim=1)
-    none = ~shown.any(dim=1)
-    if none.any():
-        present = counts[none] > 0
-        if not present.any(dim=1).all():
-            bad = int(none.nonzero()[int((~present.any(dim=1)).nonzero()[0])])
-            raise DataError(f"image {bad} shows none of the {classes} classes (only background or ignored pixels)")
-        primary[none] = counts[none].argmax(dim=1)
-    return primary
+    rarity = np.argsort(np.argsort(np.asarray(frequency[:classes]), kind="stable"), kind="stable")
+    given = np.zeros(classes, dtype=np.int64)
+    primary = np.empty(len(counts), dtype=np.int64)
+    for i, (row, show) in enumerate(zip(counts, shown)):
+        candidates = np.flatnonzero(show)
+        if len(candidates):
+            c = candidates[np.lexsort((rarity[candidates], given[candidates]))[0]]
+        elif row.any():
+            c = int(row.argmax())
+        else:
+            raise DataError(f"image {i} shows none of the {classes} classes (only background or ignored pixels)")
+        primary[i] = c
+        given[c] += 1
+    return torch.from_numpy(primary)
 
 
 def segmentation_dataset(
@@ -167,6 +174,9 @@ def load_fmnist_seg(
     if train < 1 or test < 1:
         raise ConfigError(f"fmnist-seg: train and test must be positive canvas counts, got {train} and {test}")
     options = {"size": size, "train": train, "test": test, "items": items, "scale": scale, "seed": seed, "v": 1}
+    # the source files too (name, size, modification time): canvases of other Fashion-MNIST files are others
+    source_files = sorted(p for p in Path(directory).iterdir() if p.is_file()) if Path(directory).is_dir() else [Path(directory)]
+    options["source"] = [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in source_files]
     key = hashlib.sha256(json.dumps(options, sort_keys=True).encode()).hexdigest()[:16]
     path = cache_root() / "fmnist-seg" / f"{key}.npz"
     if cache and path.is_file():

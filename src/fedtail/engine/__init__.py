@@ -52,6 +52,15 @@ def check_task(config: RunConfig, dataset: Dataset) -> None:
             f"{config.algorithm} does not run {dataset.task} ({config.dataset})" + (f": {why}" if why else "")
             + f"; it runs {', '.join(spec.tasks)} (`fedtail list` names the algorithms of each task)"
         )
+    if dataset.segmentation:
+        for refused, why in (
+            (config.plan.has_stages, "--partition stages (stage tasks of classes)"),
+            (config.class_probabilities, "--class-probabilities (per-image class probabilities)"),
+        ):
+            if refused:
+                raise ConfigError(f"{why} is for classification; {config.dataset} is a segmentation dataset")
+    elif config.sample_masks:
+        raise ConfigError(f"--sample-masks writes predicted masks of a segmentation run; {config.dataset} is a classification dataset")
     dense = getattr(build_model(config.model, dataset.input_shape, dataset.num_classes, config.head), "dense", False)
     if dense != dataset.segmentation:
         want = "a segmentation model (seg-tiny, mobilenetv3-small-seg)" if dataset.segmentation else "a classifier"

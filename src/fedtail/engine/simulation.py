@@ -448,8 +448,8 @@ class Simulation:
     def _similarity(self, models: dict[int, torch.Tensor]) -> dict[str, Any]:
         """FedAC's Fig. 2 matrices of the clients that answered (:mod:`fedtail.metrics.similarity`)."""
         cids = sorted(models)
-        y = self.dataset.train.y.cpu().numpy()
-        C = self.dataset.num_classes
+        y = self.dataset.train.labels  # segmentation: each image's primary class
+        C = self.partition.num_classes
         counts = np.stack([np.bincount(y[self.partition.clients[c].train], minlength=C) for c in cids])
         return {"clients": cids} | client_similarity(torch.stack([models[c] for c in cids]), counts)
 

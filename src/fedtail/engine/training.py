@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedtail import wire
-from fedtail.algorithms.base import NO_HOOK, ExtraLoss, FeatureLoss, StepHook, class_counts, shuffled  # noqa: F401
+from fedtail.algorithms.base import NO_HOOK, ExtraLoss, FeatureLoss, StepHook, class_counts, cross_entropy, shuffled  # noqa: F401
 from fedtail.data.base import Dataset, Split
 
 
@@ -100,7 +100,7 @@ def train_epochs(
             logits = model.head(features)
         else:
             features, logits = None, model(x)
-        loss = F.cross_entropy(logits, y)
+        loss = cross_entropy(logits, y)
         extra = hook.loss(model, x, y, logits, features)
         total = loss if extra is None else loss + extra
         optimizer.zero_grad(set_to_none=True)
@@ -188,7 +188,7 @@ def _evaluate_masks(
         for start in range(0, len(index), batch_size):
             x, y = dataset.batch(split, index[start : start + batch_size], labels)
             logits = model(x)
-            loss_sum += F.cross_entropy(logits, y, reduction="sum").double()
+            loss_sum += cross_entropy(logits, y, reduction="sum").double()
             valid = y >= 0
             cell = y[valid] * num_classes + logits.argmax(dim=1)[valid]
             confusion += torch.bincount(cell, minlength=num_classes * num_classes)

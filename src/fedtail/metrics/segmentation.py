@@ -5,6 +5,10 @@ mIoU and mAcc average them over the classes that have ground-truth pixels in the
 a client's absent classes do not enter its mean (their wrong predictions still count, as false
 negatives of the true classes), and Cityscapes' 19-class validation set is averaged over its 19
 classes, not the background no pixel of it has. Pixel accuracy is the diagonal over all pixels.
+A client's background is a class of its labelling and enters its mean (with β = 1 a client's mIoU is
+the mean of its class's IoU and its background's); a class predicted but absent from the ground
+truth is left out, where mmsegmentation would count it as an IoU of 0 (its pixels still lower the
+IoU of the true classes they belong to). ``per_class_iou`` shows each class alone.
 
 Personalised metrics follow the classification conventions (:mod:`fedtail.metrics.accuracy`):
 each client's model on its own data, the unweighted mean over the clients with data as the

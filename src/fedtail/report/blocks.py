@@ -412,7 +412,8 @@ def masks_figure(col: Collection, setting: str, png: Path) -> Figure | None:
             if (run.dir / MASKS).is_file() and seed in (None, run.seed):
                 with np.load(run.dir / MASKS) as z:
                     panels.append((method, {k: z[k] for k in z.files}))
-                seed, classes = run.seed, max(classes, int(panels[-1][1]["truth"].max()) + 1)
+                masks = panels[-1][1]
+                seed, classes = run.seed, max(classes, int(masks["truth"].max()) + 1, int(masks["predicted"].max()) + 1)
                 break
     if not panels or not plot_masks(panels, png, classes, title=f"Predicted masks: {setting} / seed {seed}"):
         return None
