@@ -20,8 +20,9 @@ a. **Throughput** (the protocol of ``benchmarks/throughput.py`` on the device: F
 b. **Every algorithm for 2 rounds** on the GPU and on the CPU (``benchmarks/two_rounds.py``; the CPU
    runs go in a process pool beside the GPU runs): final accuracies side by side and the largest
    differences after the first evaluated round (``two_rounds.TOLERANCE``).
-c. **The papers' protocols**: FedReMa's Table 1 (``fedrema``, seed 0) and MuPFL's Table II
-   (``mupfl``, α 0.5, IF 10, seed 0), their first 5 rounds on the device, serial and with 4
+c. **The papers' protocols**: FedReMa's Table 1 (``fedrema``, seed 0), MuPFL's Table II
+   (``mupfl``, α 0.5, IF 10, seed 0) and its segmentation Table III on fmnist-seg (``mupfl``, β 1,
+   IF 10, seed 0), their first 5 rounds on the device, serial and with 4
    workers; seconds per round over rounds 2-5 (evaluations as the protocol schedules them), against
    the committed 2-core CPU runs of the same configuration (their wall time per round, and the
    instruction set they ran on).
@@ -63,6 +64,8 @@ from fedtail.provenance import code_info  # noqa: E402
 PROTOCOLS = {  # part c: (sweep file, setting, method, the committed 2-core run of seed 0)
     "FedReMa Table 1": ("fedrema/table1_fmnist.toml", "s0.2", "fedrema", "fedrema/runs/fmnist/s0.2/fedrema/seed0"),
     "MuPFL Table II": ("mupfl/table2_fmnist.toml", "a0.5-if10", "mupfl", "mupfl/runs/fmnist/a0.5-if10/mupfl/seed0"),
+    # segmentation (issue 67): per-pixel training, confusion-matrix evaluation and per-pixel PKCF on the device
+    "MuPFL Table III (fmnist-seg)": ("mupfl/table3_fmnist_seg.toml", "b1-if10", "mupfl", "mupfl/runs/seg/b1-if10/mupfl/seed0"),
 }
 
 

@@ -90,5 +90,7 @@ def test_the_gpu_benchmark_runs_through_on_the_cpu(tmp_path):
     assert set(b) == {"fedavg", "fedproto"} and all(r["identical"] for r in b.values())  # the CPU against itself
     for name in ("FedReMa Table 1", "MuPFL Table II"):
         assert c[name]["cpu_2core"]["seconds_per_round"] > 0 and c[name]["device"][0]["seconds_per_round"] > 0
+    segmentation = c["MuPFL Table III (fmnist-seg)"]  # no committed CPU run yet
+    assert segmentation["device"][0]["seconds_per_round"] > 0 and segmentation["device"][1]["workers"] == 2
     text = md.read_text()
     assert "### a. Engine throughput" in text and "| fedproto |" in text and "MuPFL Table II" in text
