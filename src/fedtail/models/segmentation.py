@@ -16,7 +16,11 @@ branch; here they are one 1×1 convolution over the two branches concatenated, t
 with one bias, so that the head is a single per-pixel linear layer. ``-xW`` scales every channel
 count by W (rounded to a multiple of 8, as the paper's width multiplier), for CPU runs. The
 classification variant of the same backbone has 2,542,856 parameters at 1000 classes, the count
-published for MobileNet-V3-Small (torchvision's ``mobilenet_v3_small``); a test checks it.
+published for MobileNet-V3-Small (torchvision's ``mobilenet_v3_small``); a test checks it. Written
+here rather than taken from torchvision: each torchvision release pins one torch release exactly
+(0.28 requires torch == 2.13.0), so fedtail's metadata could not depend on it and still accept the
+CUDA builds of other torch versions that GPU machines bring, and torchvision's LR-ASPP exists for
+MobileNet-V3-Large only.
 
 ``seg-tiny``: a small CPU model for tests and the fmnist-seg benchmark: three 3×3 conv-BN-ReLU
 blocks (32, 64 at stride 2, 64 dilated 2) to a stride-2 map, head as above.
