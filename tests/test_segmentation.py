@@ -117,6 +117,7 @@ def test_fmnist_seg_is_deterministic_cached_and_labels_each_image_by_a_class_it_
     assert a.train.x.shape == (120, 1, 16, 16) and a.train.y.shape == (120, 16, 16) and a.train.y.dtype == torch.uint8
     shown = [(a.train.y[i] == a.train.primary[i]).any() for i in range(len(a.train))]
     assert all(shown) and int(a.train.primary.max()) < 10
+    assert pixel_counts(a.train.y, 11).tolist() == np.bincount(a.train.y.numpy().ravel(), minlength=11).tolist()
 
 
 def test_the_primary_class_balances_the_classes_an_image_shows_rarer_first():

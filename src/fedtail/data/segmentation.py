@@ -69,12 +69,7 @@ def cityscapes_train_ids() -> np.ndarray:
 
 def pixel_counts(masks: torch.Tensor, num_classes: int) -> np.ndarray:
     """Pixels of each class in ``masks`` (N, H, W) (ignored pixels left out), as int64."""
-    counts = torch.zeros(num_classes, dtype=torch.int64)
-    chunk = max(1, 2**22 // max(1, masks[0].numel())) if len(masks) else 1
-    for start in range(0, len(masks), chunk):
-        m = masks[start : start + chunk].reshape(-1).cpu().long()
-        counts += torch.bincount(m[m < num_classes], minlength=num_classes)[:num_classes]
-    return counts.numpy()
+    return image_pixel_counts(masks, num_classes).sum(dim=0).numpy()
 
 
 def image_pixel_counts(masks: torch.Tensor, num_classes: int) -> torch.Tensor:
