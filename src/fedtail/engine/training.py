@@ -189,9 +189,10 @@ def _evaluate_masks(
             x, y = dataset.batch(split, index[start : start + batch_size], labels)
             logits = model(x)
             loss_sum += cross_entropy(logits, y, reduction="sum").double()
-            valid = y >= 0
-            cell = y[valid] * num_classes + logits.argmax(dim=1)[valid]
-            confusion += torch.bincount(cell, minlength=num_classes * num_classes)
+            # ignored pixels count in one extra cell, dropped below: no boolean indexing, so no
+            # device-to-host synchronisation per batch on a GPU
+            cell = torch.where(y >= 0, y * num_classes + logits.argmax(dim=1), num_classes * num_classes)
+            confusion += torch.bincount(cell.reshape(-1), minlength=num_classes * num_classes + 1)[:-1]
     model.train(was_training)
     matrix = confusion.view(num_classes, num_classes).cpu()
     return EvalCounts(matrix.diagonal().clone(), matrix.sum(dim=1), float(loss_sum), confusion=matrix)
