@@ -147,9 +147,20 @@ def test_every_class_of_street_like_scenes_gets_images():
     assert counts.min() >= 9 and counts.sum() == 60
 
 
-def test_the_cityscapes_loader_reads_the_official_layout_and_maps_label_ids_to_train_ids(tmp_path):
+def test_the_cityscapes_loader_reads_the_official_layout_and_maps_label_ids_to_train_ids(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     write_cityscapes(tmp_path / "cityscapes", n_train=4, n_val=2, size=(20, 40))
     data = load_dataset("cityscapes", str(tmp_path), height=10, width=20)
+    cached = list((tmp_path / "cache" / "fedtail" / "cityscapes-resized").glob("*.npz"))
+    assert len(cached) == 1
+    again = load_dataset("cityscapes", str(tmp_path), height=10, width=20)  # from the cache
+    assert torch.equal(again.train.x, data.train.x) and torch.equal(again.test.y, data.test.y)
+    fresh = load_dataset("cityscapes", str(tmp_path), height=10, width=20, cache=False)
+    assert torch.equal(fresh.train.y, data.train.y)
+    label = sorted((tmp_path / "cityscapes" / "gtFine" / "train").glob("*/*_labelIds.png"))[0]
+    Image.fromarray(np.full((20, 40), 7, dtype=np.uint8)).save(label)  # an edited file: all road
+    edited = load_dataset("cityscapes", str(tmp_path), height=10, width=20)
+    assert len(list(cached[0].parent.glob("*.npz"))) == 2 and not torch.equal(edited.train.y, data.train.y)
     assert data.num_classes == 20 and data.background == 19 and data.class_names[13] == "car"
     assert data.train.x.shape == (4, 3, 10, 20) and data.test.y.shape == (2, 10, 20)
     ids = np.asarray(Image.open(next((tmp_path / "cityscapes" / "gtFine" / "train").glob("*/*_labelIds.png"))))
@@ -177,7 +188,8 @@ def test_masks_with_a_label_outside_the_classes_or_another_size_are_refused():
         segmentation_dataset("t", (x, y[:, :3]), (x, y), names, (0.5,), (0.5,))
 
 
-def test_cli_reports_bad_cityscapes_files_in_one_error_line(tmp_path):
+def test_cli_reports_bad_cityscapes_files_in_one_error_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     root = write_cityscapes(tmp_path / "cityscapes", n_train=2, n_val=1, size=(20, 40))
     label = next((root / "gtFine" / "train").glob("*/*_labelIds.png"))
     Image.fromarray(np.zeros((10, 10), dtype=np.uint8)).save(label)  # a label of another size

@@ -27,7 +27,7 @@ DATASETS: dict[str, str] = {
     "fmnist-seg": "segmentation: canvases of 1-3 Fashion-MNIST items, each pixel its item's class or background "
     "(11 classes), generated from fmnist and cached (options: size, train, test, items, scale, seed)",
     "cityscapes": "segmentation: Cityscapes fine annotations (2975 train / 500 val as test), 19 train ids + "
-    "background, resized (options: height, width); the official leftImg8bit/ and gtFine/ folders in --data-dir",
+    "background, resized and cached (options: height, width, cache); the official leftImg8bit/ and gtFine/ folders in --data-dir",
 }
 # Segmentation datasets: built from another dataset's files (fmnist-seg from fmnist) or read from
 # their own folder (Cityscapes, which needs an account to download), with options.

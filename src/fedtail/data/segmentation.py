@@ -248,13 +248,30 @@ def _cityscapes_split(root: Path, split: str, height: int, width: int) -> tuple[
     return torch.from_numpy(np.stack(xs)), torch.from_numpy(np.stack(ys))
 
 
-def load_cityscapes(directory: str | Path | None, height: int = 256, width: int = 512) -> Dataset:
+def load_cityscapes(directory: str | Path | None, height: int = 256, width: int = 512, cache: bool = True) -> Dataset:
     """Cityscapes' fine annotations (train: 2975 images, val: 500 as the test split) resized to
     ``height`` × ``width`` (images bilinear, labels nearest), label ids mapped to the 19 train ids
-    plus the background (see the module docstring)."""
+    plus the background (see the module docstring). The resized arrays are cached as an ``.npz`` in
+    the user cache, keyed by the size and every source file's name, size and modification time."""
+    from fedtail.data.locate import cache_root
+
     if height < 8 or width < 8:
         raise ConfigError(f"cityscapes: height and width must be at least 8 pixels, got {height}x{width}")
     root = find_cityscapes(directory)
-    train = _cityscapes_split(root, "train", height, width)
-    test = _cityscapes_split(root, "val", height, width)
-    return segmentation_dataset("cityscapes", train, test, CITYSCAPES_CLASSES, CITYSCAPES_MEAN, CITYSCAPES_STD)
+    files = sorted(p for sub in ("leftImg8bit", "gtFine") for p in (root / sub).glob("*/*/*.png"))
+    stamp = [[str(p.relative_to(root)), p.stat().st_size, p.stat().st_mtime_ns] for p in files]
+    key = hashlib.sha256(json.dumps({"height": height, "width": width, "files": stamp, "v": 1}).encode()).hexdigest()[:16]
+    path = cache_root() / "cityscapes-resized" / f"{key}.npz"
+    names = ("x_train", "y_train", "x_test", "y_test")
+    if cache and path.is_file():
+        with np.load(path) as z:
+            x_train, y_train, x_test, y_test = (torch.from_numpy(z[k]) for k in names)
+    else:
+        (x_train, y_train), (x_test, y_test) = (_cityscapes_split(root, s, height, width) for s in ("train", "val"))
+        if cache:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.stem}.{os.getpid()}.npz")
+            np.savez(tmp, **dict(zip(names, (t.numpy() for t in (x_train, y_train, x_test, y_test)))))
+            os.replace(tmp, path)
+    return segmentation_dataset("cityscapes", (x_train, y_train), (x_test, y_test), CITYSCAPES_CLASSES,
+                                CITYSCAPES_MEAN, CITYSCAPES_STD)  # fmt: skip
