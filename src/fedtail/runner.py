@@ -36,13 +36,9 @@ MASKS = "masks.npz"  # --sample-masks: the final evaluation's images, true and p
 
 def write_masks(path: Path, masks: dict) -> None:
     """``masks.npz`` (compressed), written whole or not at all."""
-    import os
+    from fedtail.data.segmentation import save_npz
 
-    import numpy as np
-
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp.npz")
-    np.savez_compressed(tmp, **masks)
-    os.replace(tmp, path)
+    save_npz(path, masks)
 
 
 def run_to_folder(

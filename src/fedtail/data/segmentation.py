@@ -60,6 +60,14 @@ CITYSCAPES_MEAN = (0.485, 0.456, 0.406)  # ImageNet's, as MobileNet-V3's pretrai
 CITYSCAPES_STD = (0.229, 0.224, 0.225)
 
 
+def save_npz(path: Path, arrays: dict[str, np.ndarray], compressed: bool = True) -> None:
+    """``arrays`` as one ``.npz`` at ``path``, written whole or not at all (a temporary file, then a rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.npz")
+    (np.savez_compressed if compressed else np.savez)(tmp, **arrays)
+    os.replace(tmp, path)
+
+
 def cityscapes_train_ids() -> np.ndarray:
     """The 256-entry uint8 table from Cityscapes label ids (``*_labelIds.png``) to train ids."""
     table = np.full(256, IGNORE, dtype=np.uint8)
@@ -187,10 +195,7 @@ def load_fmnist_seg(
         ]
         arrays = [torch.from_numpy(a) for pair in made for a in pair]
         if cache:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.stem}.{os.getpid()}.npz")
-            np.savez_compressed(tmp, **dict(zip(("x_train", "y_train", "x_test", "y_test"), (a.numpy() for a in arrays))))
-            os.replace(tmp, path)
+            save_npz(path, dict(zip(("x_train", "y_train", "x_test", "y_test"), (a.numpy() for a in arrays))))
     x_train, y_train, x_test, y_test = arrays
     return segmentation_dataset("fmnist-seg", (x_train[:, None], y_train), (x_test[:, None], y_test),
                                 FMNIST_SEG_CLASSES, FMNIST_MEAN, FMNIST_STD)  # fmt: skip
@@ -269,9 +274,6 @@ def load_cityscapes(directory: str | Path | None, height: int = 256, width: int 
     else:
         (x_train, y_train), (x_test, y_test) = (_cityscapes_split(root, s, height, width) for s in ("train", "val"))
         if cache:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.stem}.{os.getpid()}.npz")
-            np.savez(tmp, **dict(zip(names, (t.numpy() for t in (x_train, y_train, x_test, y_test)))))
-            os.replace(tmp, path)
+            save_npz(path, dict(zip(names, (t.numpy() for t in (x_train, y_train, x_test, y_test)))), compressed=False)
     return segmentation_dataset("cityscapes", (x_train, y_train), (x_test, y_test), CITYSCAPES_CLASSES,
                                 CITYSCAPES_MEAN, CITYSCAPES_STD)  # fmt: skip
