@@ -9,8 +9,9 @@ PIP    := $(BIN)/python -m pip install --disable-pip-version-check -q $(FIND_LIN
 
 FLOWER := $(VENV)/.installed-flower
 TRACKING := $(VENV)/.installed-tracking
+DP := $(VENV)/.installed-dp
 
-.PHONY: demo test test-flower data install install-flower install-tracking bench bench-gpu bench-flower bench-scaling cli-doc clean
+.PHONY: demo test test-flower data install install-flower install-tracking install-dp bench bench-gpu bench-flower bench-scaling cli-doc clean
 
 install: $(STAMP)
 
@@ -29,6 +30,13 @@ $(TRACKING): $(FLOWER) requirements-tracking.txt
 	$(PIP) -r requirements.txt -r requirements-flower.txt -r requirements-tracking.txt
 	touch $(TRACKING)
 
+# Google's dp-accounting (fedtail.engine.guard, --dp-clip) on top: `make test` checks ε against it.
+install-dp: $(DP)
+
+$(DP): $(TRACKING) requirements-dp.txt
+	$(PIP) -r requirements.txt -r requirements-flower.txt -r requirements-tracking.txt -r requirements-dp.txt
+	touch $(DP)
+
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) -r requirements.txt
@@ -41,7 +49,7 @@ data: $(STAMP)
 demo: data
 	$(BIN)/fedtail compare --config configs/demo.toml --algorithms mupfl,ditto,fedavg,local --out runs/demo
 
-test: data install-flower install-tracking
+test: data install-flower install-tracking install-dp
 	$(BIN)/python -m pytest -o addopts="" -q --ignore=tests/deployment
 
 # Loopback Flower deployments (SuperLink + SuperNodes on 127.0.0.1: TLS, node keys, a killed node).

@@ -123,14 +123,14 @@ def test_list_names_everything():
     assert kinds == {"algorithm", "dataset", "model", "partition"}
     for name in ("fedavg", "local", "fmnist", "cnn-fmnist", "resnet8", "dirichlet", "dominant", "stages"):
         assert f" {name} " in res.output
-    # under each algorithm its reference settings and tasks, under each model its head splits
+    # under each algorithm its reference settings, tasks, robust rules and DP, under each model its head splits
     details = {line.split()[0] for line in lines if line.startswith(" ")}
-    assert details == {"reference:", "tasks:", "head"}
+    assert details == {"reference:", "tasks:", "robust:", "privacy:", "head"}
     tasks = [line.strip() for line in lines if line.strip().startswith("tasks:")]
     assert len(tasks) == len([line for line in lines if line.startswith("algorithm ")])
     assert "tasks: classification, segmentation" in tasks
     assert any(t.startswith("tasks: classification (not segmentation: ") for t in tasks)
-    after = {lines[i - 1].split()[1]: line.strip() for i, line in enumerate(lines) if line.startswith(" ")}
+    after = {lines[i - 1].split()[1]: line.strip() for i, line in enumerate(lines) if line.startswith(" ") and not lines[i - 1].startswith(" ")}
     assert after["fedbabu"] == "reference: PFLlib: head last, momentum 0, weight decay 0, grad clip none, finetune epochs=5"
     assert after["fedrema"].endswith("head all-fc, momentum 0.9, weight decay 0, grad clip 10")
     assert 'beta=null, steps="pfllib"' in after["perfedavg"]

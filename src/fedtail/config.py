@@ -86,6 +86,71 @@ class FaultConfig(BaseModel):
         "stop",
         json_schema_extra=setting('stop (default: the run ends as diverged, exit 3) | reject (only that reply is rejected)', panel='Faults')
     )
+    # how the server halves average the clients' replies (fedtail.algorithms.aggregate: the rule,
+    # every algorithm's WeightedMean takes it; Algorithm.robust says which methods can)
+    aggregate: str = Field(
+        "mean",
+        json_schema_extra=setting('mean (default) | median | trimmed:F | krum:F | krum:F:M: how replies are averaged (coordinate-wise median, trimmed mean dropping F per side, Krum / multi-Krum of M assuming F faulty); fedtail list says which methods take it', panel='Faults', omit_default=True)
+    )
+    # clients that send corrupted updates, chosen by the seed (fedtail.engine.guard), for robustness
+    # benchmarks
+    byzantine: int = Field(
+        0, ge=0, json_schema_extra=setting('number of hostile clients (chosen by the seed) that corrupt every update they send (--byzantine-mode)', panel='Faults', omit_default=True)
+    )
+    byzantine_mode: str = Field(
+        "sign-flip",
+        json_schema_extra=setting('sign-flip (default: the update reversed) | scale:S (the update times S) | gaussian:S (the update replaced by N(0, S^2) noise)', panel='Faults', omit_default=True)
+    )
+
+    @field_validator("aggregate")
+    @classmethod
+    def _aggregate(cls, v: str) -> str:
+        from fedtail.algorithms.aggregate import Rule
+
+        return str(Rule.parse(v))
+
+    @field_validator("byzantine_mode")
+    @classmethod
+    def _byzantine_mode(cls, v: str) -> str:
+        from fedtail.engine.guard import Corruption
+
+        return str(Corruption.parse(v))
+
+
+class PrivacyConfig(BaseModel):
+    """Client-level differential privacy (DP-FedAvg; ``fedtail.engine.guard``): every client clips its
+    update to L2 norm ``clip``, the server adds N(0, (noise · clip)²) to the sum of the updates; the
+    privacy spent is accounted per round by Google's dp-accounting (``pip install fedtail[dp]``).
+    The default (no clip) leaves a run as it was before these settings existed.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    clip: float | None = Field(
+        None, gt=0, json_schema_extra=setting('client-level DP: clip every client update to this L2 norm C (turns DP on; needs --dp-noise or --dp-epsilon)', flag='dp_clip', panel='Privacy')
+    )
+    noise: float | None = Field(
+        None, ge=0, json_schema_extra=setting('client-level DP: noise multiplier z, Gaussian noise of std z*C on the sum of the clipped updates', flag='dp_noise', panel='Privacy')
+    )
+    epsilon: float | None = Field(
+        None, gt=0, json_schema_extra=setting("client-level DP: the epsilon to spend over the run's rounds; z is chosen for it (instead of --dp-noise)", flag='dp_epsilon', panel='Privacy')
+    )
+    delta: float = Field(
+        1e-5, gt=0, lt=1, json_schema_extra=setting('client-level DP: the delta of the reported (epsilon, delta) (default 1e-5)', flag='dp_delta', panel='Privacy')
+    )
+
+    @property
+    def active(self) -> bool:
+        return self.clip is not None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "PrivacyConfig":
+        if self.clip is None:
+            if self.noise is not None or self.epsilon is not None:
+                raise ValueError("--dp-noise and --dp-epsilon need --dp-clip C (the clipping norm)")
+        elif (self.noise is None) == (self.epsilon is None):
+            raise ValueError("--dp-clip needs exactly one of --dp-noise z and --dp-epsilon E")
+        return self
 
 
 class FinetuneConfig(BaseModel):
@@ -198,6 +263,7 @@ class RunConfig(BaseModel):
     edge_assignment: Literal["contiguous", "round-robin", "random"] = "round-robin"
     faults: FaultConfig = Field(default_factory=FaultConfig, json_schema_extra=setting(omit_default=True))
     finetune: FinetuneConfig = Field(default_factory=FinetuneConfig, json_schema_extra=setting(omit_default=True))
+    privacy: PrivacyConfig = Field(default_factory=PrivacyConfig, json_schema_extra=setting(omit_default=True))
     # write the run's state to checkpoint.pt every N rounds (0: never), so a stopped run resumes
     # there; does not change results
     checkpoint_every: int = Field(
@@ -302,6 +368,17 @@ class RunConfig(BaseModel):
                     f"--similarity-rounds {rnd}: not an evaluated round of this run (rounds {self.rounds}, "
                     f"--eval-every {self.eval_every}); the matrices are of the evaluated models"
                 )
+        from fedtail.algorithms.aggregate import Rule
+
+        rule, m = Rule.parse(self.faults.aggregate), self.clients_per_round
+        if rule.min_inputs > m:
+            raise ValueError(
+                f"--aggregate {rule} needs at least {rule.min_inputs} replies a round; the run samples {m} clients"
+            )
+        if self.faults.byzantine > self.partition.num_clients:
+            raise ValueError(f"--byzantine {self.faults.byzantine} exceeds the {self.partition.num_clients} clients")
+        if self.privacy.active and rule.kind != "mean":
+            raise ValueError(f"--dp-clip averages with noise: it takes --aggregate mean (got {rule})")
         if self.faults.min_replies > self.clients_per_round:
             raise ValueError(
                 f"--min-replies {self.faults.min_replies} exceeds the {self.clients_per_round} clients sampled "
@@ -352,8 +429,15 @@ class RunConfig(BaseModel):
         # Settings declared omit_default are left out at their default, so config.json of runs made
         # before a setting existed (and the sweep folders holding them) stays as it was.
         for item in omitted(type(self)):
-            if getattr(self, item.path[0]) == item.default:
-                data.pop(item.path[0], None)
+            *outer, name = item.path
+            value, held = self, data
+            for part in outer:  # a section's setting (faults.byzantine): left out of its section
+                value, held = getattr(value, part), held.get(part)
+                if not isinstance(held, dict):
+                    break
+            else:
+                if getattr(value, name) == item.default:
+                    held.pop(name, None)
         return data
 
     @property
@@ -386,6 +470,8 @@ def _flag_for(loc: tuple) -> str:
         return FLAGS[loc[1]]
     if len(loc) >= 2 and loc[0] in ("train", "faults") and loc[1] in (TrainConfig.model_fields | FaultConfig.model_fields):
         return "--" + str(loc[1]).replace("_", "-")
+    if len(loc) >= 2 and loc[0] == "privacy" and loc[1] in PrivacyConfig.model_fields:
+        return "--dp-" + str(loc[1]).replace("_", "-")
     if len(loc) >= 2 and loc[0] == "finetune" and loc[1] in FinetuneConfig.model_fields:
         return "--finetune-" + str(loc[1]).replace("_", "-")
     if len(loc) == 1 and loc[0] in RunConfig.model_fields:
@@ -444,10 +530,10 @@ def apply_set(raw: dict[str, Any], assignment: str) -> None:
         return
     target = raw
     for part in parts[:-1]:
-        if part not in ("partition", "train", "faults", "finetune", "dataset_options", "options"):
+        if part not in ("partition", "train", "faults", "finetune", "privacy", "dataset_options", "options"):
             raise ConfigError(
                 f"--set {key}: unknown section {part!r}; use algo.KEY, partition.KEY, train.KEY, faults.KEY, "
-                "finetune.KEY or dataset_options.KEY"
+                "finetune.KEY, privacy.KEY or dataset_options.KEY"
             )
         target = target.setdefault(part, {})
     target[parts[-1]] = parse_value(value)
@@ -466,8 +552,9 @@ def load_toml(path: Path, what: str = "--config") -> dict[str, Any]:
 
 @functools.cache
 def omitted(model: type) -> list:
-    """The top-level settings config.json leaves out at their default (RunConfig._dump)."""
-    return [s for s in settings(model) if s.omit_default and len(s.path) == 1]
+    """The settings config.json leaves out at their default (RunConfig._dump), deepest first (a
+    section emptied by its own omitted settings is then left out when it is at its default)."""
+    return sorted((s for s in settings(model) if s.omit_default), key=lambda s: -len(s.path))
 
 
 # Flag name -> location in the raw config dict, from the fields' settings (fedtail.settings).

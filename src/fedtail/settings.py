@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 PANELS = ("Algorithm, data and model", "Partition", "Rounds and evaluation", "Local training",
-          "Faults", "Reproducibility and compute", "Logging")  # fmt: skip
+          "Faults", "Privacy", "Reproducibility and compute", "Logging")  # fmt: skip
 
 
 def setting(

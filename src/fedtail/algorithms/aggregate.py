@@ -1,60 +1,213 @@
-"""Aggregation helpers shared by the algorithms.
+"""Aggregation helpers shared by the algorithms, and the run's aggregation rule.
 
 Missing replies: the engine ends a round when an exchange gets no reply, so a mean over one
 exchange's replies is never empty; a mean per cluster or group must be created when a member's
 reply arrives, not for every member messaged (one nobody replied to would be a mean of nothing).
+
+The run's rule (``--aggregate``, client-level DP's noise: :mod:`fedtail.engine.guard`) is set by the
+engine around each round of the server half (:func:`aggregation`); every :class:`WeightedMean` made
+during the round takes it, so an algorithm averages as it always did and the run decides how:
+
+- ``mean``: the weighted mean, streaming (one running sum).
+- ``median``: the coordinate-wise median (Yin et al., ICML 2018; the mean of the two middle values
+  for an even count), unweighted.
+- ``trimmed:F``: per coordinate, the F largest and F smallest values dropped, the rest averaged
+  unweighted (Yin et al. 2018's trimmed mean); needs 2F + 1 inputs.
+- ``krum:F`` / ``krum:F:M``: Krum (Blanchard et al., NeurIPS 2017): each input scored by the summed
+  squared L2 distances to its n − F − 2 nearest others (over every floating tensor at once), the
+  lowest-scored one taken; with M, multi-Krum: the weighted mean of the M lowest-scored; needs
+  2F + 3 inputs.
+
+The robust rules are translation-equivariant, so applied to uploaded models they equal the rule
+applied to the updates plus the model sent. They buffer the inputs (n copies of the upload).
+Integer tensors (BatchNorm's ``num_batches_tracked``) take the rule too and are rounded back.
+With client-level DP (``noise``), the mean is unweighted (a weight would scale one client's
+sensitivity) and Gaussian noise of standard deviation σ is added to the sum of the n inputs before
+dividing by n: with every input the model sent plus a clipped update, that is the sum of the updates
+plus noise (DP-FedAvg, McMahan et al., ICLR 2018).
+
+A mean of per-class statistics, not of models (prototypes, CReFF's gradients), uses
+:class:`~fedtail.algorithms.prototypes.ClassMean` and friends, which the rule does not touch;
+``WeightedMean(plain=True)`` is a mean the rule does not touch either (an algorithm's server-side
+combination of its own models).
 """
 
 from __future__ import annotations
 
-from typing import Iterable
+import contextlib
+import contextvars
+import re
+from dataclasses import dataclass
+from typing import Iterable, Iterator
 
 import torch
 
 from fedtail.algorithms.base import Tensors
 
+RULES = "mean | median | trimmed:F | krum:F | krum:F:M"
+# why a clustered method does not take a robust rule (Algorithm.robust)
+PER_CLUSTER = "averages per cluster, whose members change by round: F faulty among each cluster cannot be assumed"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """An aggregation rule (module docstring); ``Rule.parse("trimmed:2")``."""
+
+    kind: str = "mean"
+    f: int = 0  # inputs assumed faulty (trimmed: dropped on each side)
+    m: int = 1  # krum: inputs averaged (1: Krum, > 1: multi-Krum)
+
+    @classmethod
+    def parse(cls, text: str) -> "Rule":
+        spec = str(text).strip().lower()
+        if spec in ("mean", "median"):
+            return cls(spec)
+        found = re.fullmatch(r"(trimmed|krum):(\d+)(?::(\d+))?", spec)
+        if not found or (found.group(1) == "trimmed" and found.group(3) is not None):
+            raise ValueError(f"--aggregate takes {RULES} (got {text!r})")
+        kind, f, m = found.group(1), int(found.group(2)), int(found.group(3) or 1)
+        if kind == "trimmed" and f < 1:
+            raise ValueError(f"--aggregate {text}: trimmed needs F >= 1 (trimmed:0 is the unweighted mean)")
+        if m < 1:
+            raise ValueError(f"--aggregate {text}: multi-Krum needs M >= 1")
+        return cls(kind, f, m)
+
+    @property
+    def min_inputs(self) -> int:
+        """The fewest inputs the rule is defined for."""
+        if self.kind == "trimmed":
+            return 2 * self.f + 1
+        if self.kind == "krum":
+            return max(2 * self.f + 3, self.m)
+        return 1
+
+    def __str__(self) -> str:
+        if self.kind == "trimmed":
+            return f"trimmed:{self.f}"
+        if self.kind == "krum":
+            return f"krum:{self.f}" + (f":{self.m}" if self.m > 1 else "")
+        return self.kind
+
+
+@dataclass(frozen=True)
+class Noise:
+    """Client-level DP on a mean: N(0, std²) added to the sum, drawn from ``generator``."""
+
+    std: float
+    generator: torch.Generator
+
+
+MEAN = Rule()
+_ACTIVE: contextvars.ContextVar[tuple[Rule, Noise | None]] = contextvars.ContextVar("fedtail_aggregation", default=(MEAN, None))
+
+
+@contextlib.contextmanager
+def aggregation(rule: Rule, noise: Noise | None = None) -> Iterator[None]:
+    """Every :class:`WeightedMean` made inside takes ``rule`` (and ``noise``): the engine's round."""
+    token = _ACTIVE.set((rule, noise))
+    try:
+        yield
+    finally:
+        _ACTIVE.reset(token)
+
+
+def _combine(rule: Rule, inputs: list[Tensors], weights: list[float]) -> dict[str, torch.Tensor]:
+    """The robust rule over buffered inputs, in float64."""
+    n = len(inputs)
+    if n < rule.min_inputs:
+        raise ValueError(f"--aggregate {rule} needs at least {rule.min_inputs} inputs to one mean (got {n})")
+    names = list(inputs[0])
+    if rule.kind == "krum":
+        floating = [k for k in names if inputs[0][k].is_floating_point()]
+        points = torch.stack([torch.cat([t[k].detach().reshape(-1).to(torch.float64) for k in floating]) for t in inputs])
+        dist = torch.cdist(points, points).square()
+        near = n - rule.f - 2  # the nearest others each input is scored by
+        scores = dist.sort(dim=1).values[:, 1 : near + 1].sum(dim=1)  # column 0: the distance to itself
+        chosen = sorted(scores.argsort(stable=True)[: rule.m].tolist())
+        total = sum(weights[i] for i in chosen)
+        if total <= 0:
+            chosen_w = [1.0 / len(chosen)] * len(chosen)
+        else:
+            chosen_w = [weights[i] / total for i in chosen]
+        return {k: sum(inputs[i][k].detach().to(torch.float64) * w for i, w in zip(chosen, chosen_w)) for k in names}
+    out = {}
+    for k in names:
+        stack = torch.stack([t[k].detach().to(torch.float64) for t in inputs]).sort(dim=0).values
+        if rule.kind == "median":
+            out[k] = stack[(n - 1) // 2] if n % 2 else (stack[n // 2 - 1] + stack[n // 2]) / 2
+        else:  # trimmed
+            out[k] = stack[rule.f : n - rule.f].mean(dim=0)
+    return out
+
 
 class WeightedMean:
-    """Streaming weighted mean of named tensors: one running sum, whatever the client count.
+    """Weighted mean of named tensors, by the run's rule (module docstring); the default rule
+    streams: one running sum, whatever the client count.
 
     Accumulates in float64 so the result does not depend on how many clients are summed
     before rounding; integer tensors (BatchNorm's ``num_batches_tracked``) are averaged too
-    and cast back.
+    and cast back. ``plain``: always the weighted mean (a server-side combination, not of replies).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, plain: bool = False) -> None:
+        self.rule, self.noise = (MEAN, None) if plain else _ACTIVE.get()
         self.sums: dict[str, torch.Tensor] = {}
         self.dtypes: dict[str, torch.dtype] = {}
         self.total = 0.0
+        self.count = 0
+        self.inputs: list[Tensors] = []  # a robust rule's buffer
+        self.weights: list[float] = []
 
     def add(self, tensors: Tensors, weight: float) -> None:
         if weight < 0:
             raise ValueError(f"aggregation weight must be >= 0 (got {weight})")
-        if not self.sums:
+        if self.noise is not None:
+            weight = 1.0  # DP: unweighted (module docstring)
+        known = self.dtypes or (self.inputs[0] if self.inputs else None)
+        if known is not None and tensors.keys() != known.keys():
+            raise KeyError("clients sent different tensor names to one aggregate")
+        if not self.dtypes:
+            self.dtypes = {name: value.dtype for name, value in tensors.items()}
+        self.count += 1
+        self.total += weight
+        if self.rule.kind != "mean":
+            self.inputs.append({k: v.detach() for k, v in tensors.items()})
+            self.weights.append(weight)
+        elif not self.sums:
             for name, value in tensors.items():
                 self.sums[name] = value.detach().to(torch.float64) * weight
-                self.dtypes[name] = value.dtype
         else:
-            if tensors.keys() != self.sums.keys():
-                raise KeyError("clients sent different tensor names to one aggregate")
             for name, value in tensors.items():
                 self.sums[name].add_(value.detach().to(torch.float64), alpha=weight)
-        self.total += weight
 
     def result(self) -> Tensors:
-        if self.total <= 0:
-            raise ValueError("weighted mean of nothing (no clients, or all weights zero)")
+        if self.rule.kind != "mean":
+            if not self.inputs:
+                raise ValueError("robust aggregate of nothing (no clients)")
+            means = _combine(self.rule, self.inputs, self.weights)
+        else:
+            if self.total <= 0:
+                raise ValueError("weighted mean of nothing (no clients, or all weights zero)")
+            sums = self.sums
+            if self.noise is not None:
+                sums = {k: v + self._noise(v) if self.dtypes[k].is_floating_point else v for k, v in sums.items()}
+            means = {k: v / self.total for k, v in sums.items()}
         out = {}
-        for name, value in self.sums.items():
-            mean = value / self.total
+        for name, mean in means.items():
             dtype = self.dtypes[name]
             out[name] = (mean.round() if not dtype.is_floating_point else mean).to(dtype)
         return out
 
+    def _noise(self, like: torch.Tensor) -> torch.Tensor:
+        assert self.noise is not None
+        draw = torch.randn(like.shape, generator=self.noise.generator, dtype=torch.float64, device="cpu")
+        return draw.to(like.device) * self.noise.std
+
 
 def weighted_mean(items: Iterable[tuple[Tensors, float]]) -> Tensors:
-    """``Σ w_k x_k / Σ w_k`` over (tensors, weight) pairs."""
-    acc = WeightedMean()
+    """``Σ w_k x_k / Σ w_k`` over (tensors, weight) pairs: a server-side combination, never the run's
+    rule (that is for replies, :class:`WeightedMean`)."""
+    acc = WeightedMean(plain=True)
     for tensors, weight in items:
         acc.add(tensors, weight)
     return acc.result()

@@ -207,4 +207,6 @@ APFL = Algorithm(
         options={"personal_start": "initial", "eval_w": "local"},
     ),
     tasks=("classification", "segmentation"),
+    robust=True,
+    dp=True,
 )

@@ -276,6 +276,14 @@ class Algorithm:
     tasks: tuple[str, ...] = ("classification",)
     # task -> why the method does not run it (for `fedtail list` and the error of a run that asks)
     why_not: Mapping[str, str] = field(default_factory=dict)
+    # True: every WeightedMean of the server half's round averages the replies of one exchange with
+    # the sampled clients, so --aggregate's robust rules apply (fedtail.algorithms.aggregate); a
+    # string: why not (``fedtail list``, and the error of a run that asks); False: not declared
+    robust: bool | str = False
+    # True: every floating tensor a fit's reply uploads is an update of one the server sent, averaged
+    # by WeightedMean, so client-level DP (--dp-clip, fedtail.engine.guard) clips and noises all of
+    # it; a string: why not; False: not declared
+    dp: bool | str = False
     registry: ClassVar[dict[str, "Algorithm"]] = {}
 
     def __post_init__(self) -> None:

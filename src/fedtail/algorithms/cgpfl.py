@@ -68,7 +68,7 @@ import numpy as np
 import torch
 from pydantic import Field, model_validator
 
-from fedtail.algorithms.aggregate import WeightedMean, weighted_mean
+from fedtail.algorithms.aggregate import PER_CLUSTER, WeightedMean, weighted_mean
 from fedtail.algorithms.base import (
     Algorithm,
     AlgorithmConfig,
@@ -279,4 +279,5 @@ CGPFL = Algorithm(
     # CGPFL's code could not be found; pFedMe's, which it extends, restarts θ_i every round
     reference=Reference("pFedMe's code (CharlieDinh/pFedMe), CGPFL's base", options={"warm_start": False}),
     tasks=("classification", "segmentation"),
+    robust=PER_CLUSTER,
 )

@@ -217,4 +217,6 @@ CREFF = Algorithm(
     personal_model=False,
     reference=Reference("the authors' code (shangxinyi/CReFF-FL)"),
     tasks=("classification", "segmentation"),
+    robust=True,
+    dp="also uploads per-class gradients of real features, which are not updates of the model sent",
 )

@@ -89,4 +89,6 @@ DITTO = Algorithm(
     config=DittoConfig,
     reference=Reference("the authors' code (litian96/ditto); PFLlib alike", options={"personal_init": "initial"}),
     tasks=("classification", "segmentation"),
+    robust=True,
+    dp=True,
 )

@@ -90,7 +90,7 @@ import numpy as np
 import torch
 from pydantic import Field, model_validator
 
-from fedtail.algorithms.aggregate import WeightedMean
+from fedtail.algorithms.aggregate import PER_CLUSTER, WeightedMean
 from fedtail.algorithms.base import (
     Algorithm,
     AlgorithmConfig,
@@ -523,4 +523,5 @@ FEDAC = Algorithm(
     config=FedACConfig,
     reference=Reference("FedAC's paper (φ: all but the last layer)", head="last"),
     tasks=("classification", "segmentation"),
+    robust=PER_CLUSTER,
 )

@@ -57,4 +57,6 @@ FEDAVG = Algorithm(
     reference=Reference(PFLLIB),
     personal_model=False,
     tasks=("classification", "segmentation"),
+    robust=True,
+    dp=True,
 )

@@ -112,4 +112,6 @@ FEDBABU = Algorithm(
     reference=Reference(PFLLIB, head="last", finetune={"epochs": 5}),
     migrate=migrate,
     tasks=("classification", "segmentation"),
+    robust=True,
+    dp=True,
 )

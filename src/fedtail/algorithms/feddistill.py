@@ -190,4 +190,6 @@ FEDDISTILL = Algorithm(
     config=FedDistillConfig,
     reference=Reference(PFLLIB, options={"regularizer": "mse", "exclude_self": False, "aggregation": "uniform"}),
     why_not={"segmentation": "its per-class logit averages are of per-sample outputs"},
+    robust="averages per-class logits, not models",
+    dp="uploads per-class logits, not updates of a model sent",
 )

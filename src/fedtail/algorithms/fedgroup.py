@@ -83,7 +83,7 @@ import numpy as np
 import torch
 from pydantic import Field, field_validator
 
-from fedtail.algorithms.aggregate import WeightedMean
+from fedtail.algorithms.aggregate import PER_CLUSTER, WeightedMean
 from fedtail.algorithms.base import Algorithm, AlgorithmConfig, ClientHalf, Comm, Message, ServerHalf, Tensors
 from fedtail.algorithms.base import Term
 from fedtail.algorithms.clustering import (
@@ -246,7 +246,7 @@ class FedGroupServer(ServerHalf):
 
     def _refresh_auxiliary(self) -> None:
         """The auxiliary global model: the plain mean of the group models."""
-        mean = WeightedMean()
+        mean = WeightedMean(plain=True)  # of the server's own models, never the run's rule
         for model in self.groups:
             mean.add(model, 1.0)
         self.aux = mean.result()
@@ -362,4 +362,5 @@ FEDGROUP = Algorithm(
     client=FedGroupClient,
     config=FedGroupConfig,
     tasks=("classification", "segmentation"),
+    robust=PER_CLUSTER,
 )

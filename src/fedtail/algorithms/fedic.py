@@ -454,4 +454,5 @@ FEDIC = Algorithm(
     personal_model=False,
     reference=Reference("the authors' code (FEDIC, on CReFF-FL's code base)"),
     why_not={"segmentation": "its server-side ensemble distillation and logit calibration are of per-sample logits"},
+    robust=True,
 )

@@ -99,4 +99,6 @@ FEDNOVA = Algorithm(
     personal_model=False,
     reference=Reference("the authors' code (JYWa/FedNova)", weight_decay=1e-4),
     tasks=("classification", "segmentation"),
+    robust=True,
+    dp="uploads normalised updates and step counts, whose mean is not of a model it was sent",
 )

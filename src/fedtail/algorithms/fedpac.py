@@ -262,4 +262,5 @@ FEDPAC = Algorithm(
     config=FedPACConfig,
     reference=Reference(PFLLIB, head="last", options={"aggregation": "uniform"}),
     why_not={"segmentation": "its per-class feature centroids and classifier combination are of flat per-sample features"},
+    robust="combines the heads per client with weights it optimises from the uploads",
 )

@@ -49,4 +49,6 @@ FEDPER = Algorithm(
     client=FedPerClient,
     reference=Reference(PFLLIB, head="last"),
     tasks=("classification", "segmentation"),
+    robust=True,
+    dp=True,
 )

@@ -192,4 +192,6 @@ FEDPROTO = Algorithm(
     config=FedProtoConfig,
     reference=Reference(PFLLIB, head="last", options={"aggregation": "uniform", "prototypes": "training"}),
     why_not={"segmentation": "its prototypes and nearest-prototype prediction are of flat per-sample features"},
+    robust="averages per-class prototypes, not models",
+    dp="uploads class prototypes, not updates of a model sent",
 )

@@ -75,4 +75,6 @@ FEDPROX = Algorithm(
     reference=Reference(PFLLIB),
     personal_model=False,
     tasks=("classification", "segmentation"),
+    robust=True,
+    dp=True,
 )

@@ -375,4 +375,5 @@ FEDREMA = Algorithm(
     config=FedReMaConfig,
     reference=Reference(FEDREMA_CODE, head="all-fc", momentum=0.9, grad_clip=10.0),
     why_not={"segmentation": "its feature prototypes and classifier similarity read flat per-sample features"},
+    robust="averages each client's head over its own set of relevant peers",
 )

@@ -155,4 +155,6 @@ FEDREP = Algorithm(
         "the authors' code", head="last", momentum=0.5, weight_decay=1e-4, options={"final_finetune": True}
     ),
     tasks=("classification", "segmentation"),
+    robust=True,
+    dp=True,
 )

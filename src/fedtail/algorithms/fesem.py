@@ -85,6 +85,7 @@ import numpy as np
 import torch
 from pydantic import Field, model_validator
 
+from fedtail.algorithms.aggregate import PER_CLUSTER
 from fedtail.algorithms.base import Algorithm, AlgorithmConfig, Comm, Message, Reference, ServerHalf, Tensors
 from fedtail.algorithms.clustering import (
     centred_gram,
@@ -249,4 +250,5 @@ FESEM = Algorithm(
         options={"init": "common", "cold_start": "random", "m_step": "round"},
     ),
     tasks=("classification", "segmentation"),
+    robust=PER_CLUSTER,
 )

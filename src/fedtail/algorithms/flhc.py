@@ -56,7 +56,7 @@ import numpy as np
 import torch
 from pydantic import Field, model_validator
 
-from fedtail.algorithms.aggregate import WeightedMean
+from fedtail.algorithms.aggregate import PER_CLUSTER, WeightedMean
 from fedtail.algorithms.base import Algorithm, AlgorithmConfig, Comm, Message, Tensors
 from fedtail.algorithms.clustering import (
     centred_gram,
@@ -245,4 +245,5 @@ FLHC = Algorithm(
     client=FedAvgClient,
     config=FLHCConfig,
     tasks=("classification", "segmentation"),
+    robust=PER_CLUSTER,
 )

@@ -539,4 +539,6 @@ GLDP = Algorithm(
     client=GLDPClient,
     config=GLDPConfig,
     why_not={"segmentation": "its global-local prototypes and prototype prediction are of flat per-sample features"},
+    robust=True,
+    dp="also uploads class prototypes, which are not updates of the model sent",
 )

@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Literal
 import torch
 from pydantic import Field
 
-from fedtail.algorithms.aggregate import WeightedMean
+from fedtail.algorithms.aggregate import PER_CLUSTER, WeightedMean
 from fedtail.algorithms.base import Algorithm, AlgorithmConfig, ClientHalf, Comm, Message, Reference, ServerHalf, Tensors
 from fedtail.algorithms.clustering import cluster_record, flatten, float_keys, full_record
 from fedtail.models import build_model
@@ -176,4 +176,5 @@ IFCA = Algorithm(
     config=IFCAConfig,
     reference=Reference("the authors' code (jichan3751/ifca)", options={"weighting": "uniform"}),
     tasks=("classification", "segmentation"),
+    robust=PER_CLUSTER,
 )

@@ -54,4 +54,6 @@ LOCAL = Algorithm(
     client=LocalClient,
     reference=Reference(PFLLIB),
     tasks=("classification", "segmentation"),
+    robust="aggregates nothing",
+    dp="uploads nothing",
 )

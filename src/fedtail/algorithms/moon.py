@@ -109,4 +109,6 @@ MOON = Algorithm(
     reference=Reference(PFLLIB, head="last"),
     personal_model=False,
     why_not={"segmentation": "its model-contrastive loss compares flat per-sample representations"},
+    robust=True,
+    dp=True,
 )

@@ -240,4 +240,6 @@ PERFEDAVG = Algorithm(
     reference=Reference(PFLLIB, options={"beta": None, "steps": "pfllib"}, finetune={"steps": 1, "optimizer": "plain"}),
     migrate=migrate,
     tasks=("classification", "segmentation"),
+    robust=True,
+    dp=True,
 )

@@ -480,7 +480,8 @@ def list_components() -> None:
     """Algorithms, datasets, models (built-in and installed plug-ins) and partitions, one line each.
 
     Under each built-in algorithm, its reference settings (head split, momentum, gradient
-    clipping, options), which a run gets unless it sets them; under each model, its head splits.
+    clipping, options), which a run gets unless it sets them, its tasks, and whether it takes the
+    robust --aggregate rules and client-level DP (--dp-clip); under each model, its head splits.
     """
     from fedtail.algorithms import ALGORITHMS
     from fedtail.components import listing
@@ -493,9 +494,15 @@ def list_components() -> None:
         why = "; ".join(f"not {task}: {reason}" for task, reason in spec.why_not.items())
         return ", ".join(spec.tasks) + (f" ({why})" if why else "")
 
+    def takes(declared: bool | str) -> str:
+        return "yes" if declared is True else ("no: " + declared if isinstance(declared, str) else "not declared")
+
     details = {
-        "algorithm": lambda n: [("reference:", ALGORITHMS[n].reference.describe()), ("tasks:", tasks(n))]
-        if n in ALGORITHMS else [],
+        "algorithm": lambda n: [
+            ("reference:", ALGORITHMS[n].reference.describe()), ("tasks:", tasks(n)),
+            ("robust:", "--aggregate median|trimmed|krum: " + takes(ALGORITHMS[n].robust)),
+            ("privacy:", "client-level DP (--dp-clip): " + takes(ALGORITHMS[n].dp)),
+        ] if n in ALGORITHMS else [],
         "model": lambda n: [("head splits:", describe_heads(n))] if n in MODELS else [],
     }
     indent = " " * 28

@@ -42,10 +42,13 @@ def prepare(config: RunConfig, run: bool = True) -> tuple[Dataset, Partition]:
 
 
 def check_task(config: RunConfig, dataset: Dataset) -> None:
-    """ConfigError unless the algorithm runs the dataset's task and the model predicts its kind of output."""
+    """ConfigError unless the algorithm runs the dataset's task and the model predicts its kind of output,
+    and takes the run's --aggregate and --dp-clip."""
     from fedtail.components import algorithm, build_model
+    from fedtail.engine import guard
 
     spec = algorithm(config.algorithm)
+    guard.check(config, spec)
     if dataset.task not in spec.tasks:
         why = spec.why_not.get(dataset.task)
         raise ConfigError(

@@ -24,6 +24,7 @@ from fedtail.config import RunConfig
 from fedtail.data.base import Dataset
 from fedtail.engine.context import ClientContext, ClientData, Workspace, derive_seed, eval_message, load_weights
 from fedtail.engine.device import configure, resolve, to_device, to_host, worker_device
+from fedtail.engine.guard import ClientGuard, outgoing
 from fedtail.partition import Partition
 
 
@@ -141,6 +142,7 @@ class ClientRuntime:
         self.options = components.algorithm_options(config)
         self.keeps_local = config.plan.has_stages and not spec.personal_model
         self.finetune = config.finetune if config.finetune.active else None  # before every evaluation
+        self.guard = ClientGuard.of(config)  # DP clipping, hostile clients (fedtail.engine.guard)
 
     def run(self, task: Task) -> Result:
         start = time.perf_counter()
@@ -163,6 +165,8 @@ class ClientRuntime:
         local = None
         if self.keeps_local:
             local = to_host(self._local_model(task, ctx, reply))
+        if not task.read_only:  # what the client sends: clipped under DP, corrupted by a hostile client
+            reply = outgoing(self.config, task.cid, seed, task.message, reply, self.guard)
         state = {} if task.read_only else to_host(ctx.state)  # nothing to send back from an evaluation
         return Result(task.cid, reply, state, time.perf_counter() - start, local=local)
 

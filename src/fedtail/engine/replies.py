@@ -50,6 +50,7 @@ import numpy as np
 import torch
 
 from fedtail import wire
+from fedtail.algorithms.aggregate import Rule
 from fedtail.algorithms.base import Message, Tensors
 from fedtail.config import FaultConfig
 from fedtail.engine.device import to_host
@@ -282,7 +283,8 @@ class Channel:
                     self.round.dropped.add(cid)
             if cid not in self.round.dropped:
                 live[cid] = to_host(messages[cid])  # messages are device-neutral (fedtail.engine.device)
-        need = min(self.faults.min_replies, len(messages))
+        # a robust rule's fewest inputs (fedtail.algorithms.aggregate) skips a round short of them too
+        need = max(min(self.faults.min_replies, len(messages)), Rule.parse(self.faults.aggregate).min_inputs)
         if len(live) < need:
             raise RoundSkipped(f"{len(live)} of {len(messages)} clients replied, fewer than {need}")
         answers = self._deliver(live, call)

@@ -42,7 +42,7 @@ from fedtail import components, wire
 from fedtail.algorithms.base import EdgeHalf, Message, ServerHalf
 from fedtail.config import RunConfig
 from fedtail.data.base import Dataset
-from fedtail.engine import checkpoint
+from fedtail.engine import checkpoint, guard
 from fedtail.engine.callbacks import Callback
 from fedtail.engine.context import ServerContext, Workspace, derive_seed, initial_weights, load_weights
 from fedtail.engine.device import configure, resolve, to_host
@@ -209,6 +209,7 @@ class Simulation:
             self.executor.close()
             self.client_state.close()  # a disk store's folder goes with the run
         summary = self.record.summary(self.meter, time.perf_counter() - start, config.rounds)
+        summary |= guard.run_summary(config, self.rounds_done)
         for cb in self.callbacks:
             cb.on_run_end(self, summary)
         return summary
@@ -281,7 +282,8 @@ class Simulation:
         before = copy.deepcopy((checkpoint.encode(self.server.state_dict()), checkpoint.encode(self.edge.state_dict())))
         start = time.perf_counter()
         try:
-            self.server.run_round(rnd, clients, comm)
+            with guard.server_aggregation(self.config, rnd):  # --aggregate, DP noise (fedtail.engine.guard)
+                self.server.run_round(rnd, clients, comm)
         except RoundSkipped as skip:
             self.server.load_state_dict(checkpoint.decode(before[0]))
             self.edge.load_state_dict(checkpoint.decode(before[1]))
@@ -361,6 +363,9 @@ class Simulation:
         losses = [r["train_loss"] for r in self.round_logs if r["train_loss"] is not None]
         row["train_loss"] = self.round_logs[-1]["train_loss"] if self.round_logs else None
         row["train_loss_since_last_eval"] = float(np.mean(losses)) if losses else None
+        if config.privacy.active:  # ε spent so far at the run's δ (fedtail.engine.guard; None: z = 0)
+            eps = guard.epsilon(config, rnd)
+            row["epsilon"] = eps if np.isfinite(eps) else None
         self.meter.eval_s += time.perf_counter() - start
         row["elapsed_s"] = elapsed + (time.perf_counter() - start)
         row["samples_trained"] = self.meter.samples_trained

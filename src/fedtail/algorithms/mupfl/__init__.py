@@ -473,4 +473,5 @@ MUPFL = Algorithm(
     config=MuPFLConfig,
     edge=ACMUEdge,
     tasks=("classification", "segmentation"),
+    robust="its edge tier reduces the replies per edge and ACMU reweights them before the mean",
 )

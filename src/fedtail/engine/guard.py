@@ -1,0 +1,259 @@
+"""What the engine does to updates on their way to the server and in the server's mean, for every
+algorithm at once: hostile clients (``--byzantine``), robust aggregation (``--aggregate``) and
+client-level differential privacy (``--dp-clip``).
+
+On the client (:func:`outgoing`, called by the client runtime after the client half, so the same in
+the simulator and on a Flower node): a fit's reply tensors that update a tensor the server sent are
+*updates*, ``Δ = reply − sent``.
+
+- **DP clipping** (DP-FedAvg, McMahan et al., ICLR 2018, Alg. 1 "ClipFn"): the client's whole update
+  (every floating tensor it was sent and sends back, as one vector) is scaled to L2 norm at most C.
+  A reply tensor it was not sent cannot be clipped: the run stops with an error naming it (an
+  algorithm that uploads one does not declare itself DP-compatible, ``Algorithm.dp``).
+- **Hostile clients**: ``--byzantine K`` clients, drawn once from the seed (:func:`hostile`), send
+  ``sent − Δ`` (``sign-flip``), ``sent + S·Δ`` (``scale:S``) or ``sent + N(0, S²)`` (``gaussian:S``,
+  drawn from the task's seed) instead of ``sent + Δ``; a tensor the server did not send is treated as
+  an update of zeros. A hostile client corrupts what it sends after its own clipping. Its state
+  (a personal model) stays honest: only the upload is corrupted.
+
+On the server (:func:`server_aggregation`, around each round of the server half): the rule
+(:mod:`fedtail.algorithms.aggregate`) and, under DP, Gaussian noise of standard deviation σ = z·C
+on the sum of the n replies of each mean, which is then divided by n, unweighted.
+
+**Accounting** (:func:`epsilon`): Google's dp-accounting RDP accountant (``pip install fedtail[dp]``).
+The run samples m of the N clients uniformly without replacement each round (a public, fixed m),
+so the privacy unit is one client's whole data under *replace-one* neighbouring: one client
+replaced changes the sum of clipped updates by at most 2C, and the event is
+``SampledWithoutReplacementDpEvent(N, m, GaussianDpEvent(z / 2))`` composed once per round (Wang,
+Balle and Kasiviswanathan, AISTATS 2019, Thm. 27). Dropouts and rejected replies only remove
+participants, which does not raise ε. With ``--dp-epsilon E`` the accountant's
+``calibrate_dp_mechanism`` picks z so the run's rounds spend E at δ.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Iterator
+
+import numpy as np
+import torch
+
+from fedtail.algorithms.aggregate import Noise, Rule, aggregation
+from fedtail.algorithms.base import Message
+from fedtail.errors import ConfigError, FedtailError
+
+if TYPE_CHECKING:
+    from fedtail.algorithms.base import Algorithm
+    from fedtail.config import RunConfig
+
+HOSTILE_KEY, CORRUPT_KEY, NOISE_KEY = 0xB12, 0xB13, 0xD9  # derive_seed keys
+
+
+@dataclass(frozen=True)
+class Corruption:
+    """What a hostile client does to its update (module docstring)."""
+
+    kind: str = "sign-flip"
+    scale: float = 1.0
+
+    @classmethod
+    def parse(cls, text: str) -> "Corruption":
+        spec = str(text).strip().lower()
+        if spec == "sign-flip":
+            return cls()
+        found = re.fullmatch(r"(scale|gaussian):([0-9.eE+-]+)", spec)
+        value = None
+        if found:
+            try:
+                value = float(found.group(2))
+            except ValueError:
+                value = None
+        if value is None or not math.isfinite(value) or (found.group(1) == "gaussian" and value <= 0):
+            raise ValueError(f"--byzantine-mode takes sign-flip | scale:S | gaussian:S with S > 0 for gaussian (got {text!r})")
+        return cls(found.group(1), value)
+
+    def __str__(self) -> str:
+        return self.kind if self.kind == "sign-flip" else f"{self.kind}:{self.scale:g}"
+
+    def apply(self, sent: torch.Tensor | None, value: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        base = torch.zeros_like(value) if sent is None else sent.to(value.dtype)
+        if self.kind == "gaussian":
+            noise = torch.randn(value.shape, generator=generator, dtype=torch.float64)
+            return base + (noise * self.scale).to(value.dtype)
+        factor = -1.0 if self.kind == "sign-flip" else self.scale
+        return base + (value - base) * factor
+
+
+def hostile(config: RunConfig) -> frozenset[int]:
+    """The ``--byzantine`` clients: a function of the seed only (simulator and Flower alike)."""
+    from fedtail.engine.context import derive_seed
+
+    k, n = config.faults.byzantine, config.partition.num_clients
+    if k == 0:
+        return frozenset()
+    rng = np.random.default_rng(derive_seed(config.seed, HOSTILE_KEY))
+    return frozenset(int(c) for c in rng.choice(n, size=k, replace=False))
+
+
+def check(config: RunConfig, spec: Algorithm) -> None:
+    """ConfigError unless the algorithm takes the run's aggregation rule and DP setting."""
+    rule = Rule.parse(config.faults.aggregate)
+    if rule.kind != "mean" and spec.robust is not True:
+        raise ConfigError(f"--aggregate {rule}: {spec.name} {_why(spec.robust, 'a robust rule')}")
+    if config.privacy.active and spec.dp is not True:
+        raise ConfigError(f"--dp-clip: {spec.name} {_why(spec.dp, 'client-level DP')}")
+    if config.privacy.active:
+        noise_multiplier(config)  # the accountant is there, and --dp-epsilon has a z
+
+
+def _why(declared: bool | str, what: str) -> str:
+    return f"cannot take {what}: {declared}" if isinstance(declared, str) else f"does not declare that it takes {what}"
+
+
+def outgoing(config: RunConfig, cid: int, seed: int, sent: Message, reply: Message, guard: "ClientGuard") -> Message:
+    """A fit's reply as the client sends it: clipped under DP, corrupted by a hostile client."""
+    clip = config.privacy.clip
+    if clip is None and cid not in guard.hostile:
+        return reply
+    tensors = dict(reply.tensors)
+    floating = [k for k, v in tensors.items() if v.is_floating_point()]
+    if clip is not None:
+        unsent = [k for k in floating if k not in sent.tensors or sent.tensors[k].shape != tensors[k].shape]
+        if unsent:
+            raise FedtailError(
+                f"--dp-clip: {config.algorithm}'s reply holds {unsent[0]!r}, which is not an update of a tensor the "
+                "server sent, so it cannot be clipped"
+            )
+        deltas = {k: tensors[k].to(torch.float64) - sent.tensors[k].to(torch.float64) for k in floating}
+        norm = math.sqrt(sum(float(d.square().sum()) for d in deltas.values()))
+        factor = min(1.0, clip / norm) if norm > 0 else 1.0
+        if factor < 1.0:
+            for k in floating:
+                tensors[k] = (sent.tensors[k].to(torch.float64) + deltas[k] * factor).to(tensors[k].dtype)
+    if cid in guard.hostile:
+        generator = torch.Generator().manual_seed(seed ^ CORRUPT_KEY)
+        for k in floating:
+            tensors[k] = guard.corruption.apply(sent.tensors.get(k), tensors[k], generator)
+    return Message(reply.kind, tensors, dict(reply.config), dict(reply.metrics))
+
+
+@dataclass(frozen=True)
+class ClientGuard:
+    """What :func:`outgoing` needs of the run, built once per client runtime."""
+
+    hostile: frozenset[int]
+    corruption: Corruption
+
+    @classmethod
+    def of(cls, config: RunConfig) -> "ClientGuard":
+        return cls(hostile(config), Corruption.parse(config.faults.byzantine_mode))
+
+
+# --- the server's side -------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def server_aggregation(config: RunConfig, rnd: int) -> Iterator[None]:
+    """The run's rule and DP noise for the means of round ``rnd`` (noise drawn from (seed, round))."""
+    from fedtail.engine.context import derive_seed
+
+    rule = Rule.parse(config.faults.aggregate)
+    noise = None
+    if config.privacy.active:
+        std = noise_multiplier(config) * float(config.privacy.clip)
+        noise = Noise(std, torch.Generator().manual_seed(derive_seed(config.seed, NOISE_KEY, rnd)))
+    if rule.kind == "mean" and noise is None:
+        yield
+        return
+    with aggregation(rule, noise):
+        yield
+
+
+# --- accounting --------------------------------------------------------------------------------
+
+
+def _accountant() -> Any:
+    try:
+        import dp_accounting
+        from dp_accounting import rdp
+    except ImportError:
+        raise ConfigError("--dp-clip needs Google's dp-accounting: pip install 'fedtail[dp]'") from None
+    return dp_accounting, rdp
+
+
+def _event(n: int, m: int, z: float) -> Any:
+    dp_accounting, _ = _accountant()
+    return dp_accounting.SampledWithoutReplacementDpEvent(n, m, dp_accounting.GaussianDpEvent(z / 2))
+
+
+@functools.lru_cache(maxsize=64)
+def _round_rdp(n: int, m: int, z: float) -> tuple[np.ndarray, np.ndarray]:
+    """The accountant's RDP orders and one round's RDP at each (composition adds them up, so the
+    curve of ε over rounds costs one accountant computation)."""
+    dp_accounting, rdp = _accountant()
+    accountant = rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
+    accountant.compose(_event(n, m, z), 1)
+    return np.asarray(accountant._orders, dtype=float), np.asarray(accountant._rdp, dtype=float)
+
+
+def _epsilon(n: int, m: int, z: float, rounds: int, delta: float) -> float:
+    _, rdp = _accountant()
+    orders, per_round = _round_rdp(n, m, z)
+    return float(rdp.rdp_privacy_accountant.compute_epsilon(orders, per_round * rounds, delta)[0])
+
+
+@functools.lru_cache(maxsize=64)
+def _calibrate(n: int, m: int, rounds: int, epsilon: float, delta: float) -> float:
+    dp_accounting, rdp = _accountant()
+
+    def fresh() -> Any:
+        return rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
+
+    def event(z: float) -> Any:
+        return dp_accounting.SelfComposedDpEvent(_event(n, m, z), rounds)
+
+    try:
+        bracket = dp_accounting.LowerEndpointAndGuess(0.05, 2.0)  # z = 0 would divide by zero
+        return float(dp_accounting.calibrate_dp_mechanism(fresh, event, epsilon, delta, bracket_interval=bracket, tol=1e-3))
+    except Exception as err:  # the accountant's bracket search failed: say so with the setting
+        raise ConfigError(f"--dp-epsilon {epsilon}: no noise multiplier found for {rounds} rounds ({err})") from None
+
+
+def noise_multiplier(config: RunConfig) -> float:
+    """z: ``--dp-noise``, or the one ``--dp-epsilon`` asks for over the run's rounds."""
+    p = config.privacy
+    if p.noise is not None:
+        return float(p.noise)
+    assert p.epsilon is not None
+    return _calibrate(config.partition.num_clients, config.clients_per_round, config.rounds, p.epsilon, p.delta)
+
+
+def epsilon(config: RunConfig, rounds: int) -> float:
+    """ε spent after ``rounds`` rounds at the run's δ (inf when z = 0)."""
+    z = noise_multiplier(config)
+    if z == 0:
+        return math.inf
+    return _epsilon(config.partition.num_clients, config.clients_per_round, z, rounds, config.privacy.delta)
+
+
+def run_summary(config: RunConfig, rounds: int) -> dict[str, Any]:
+    """What ``summary.json`` adds: ``privacy`` under DP, ``byzantine`` (the hostile clients) with them."""
+    out: dict[str, Any] = {}
+    if config.faults.byzantine:
+        out["byzantine"] = {"clients": sorted(hostile(config)), "mode": config.faults.byzantine_mode}
+    if config.privacy.active:
+        eps = epsilon(config, rounds)
+        out["privacy"] = {
+            "epsilon": eps if math.isfinite(eps) else None,
+            "delta": config.privacy.delta,
+            "noise_multiplier": noise_multiplier(config),
+            "clip": config.privacy.clip,
+            "rounds": rounds,
+            "sampling": f"{config.clients_per_round} of {config.partition.num_clients} clients a round, uniformly without replacement",
+            "accountant": "dp-accounting RDP, replace-one neighbouring, SampledWithoutReplacement(N, m, Gaussian(z/2))",
+        }
+    return out

@@ -1,0 +1,237 @@
+"""Robust aggregation, hostile clients and client-level DP (fedtail.algorithms.aggregate, fedtail.engine.guard)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from conftest import tiny_config
+from fedtail.algorithms import ALGORITHMS
+from fedtail.algorithms.aggregate import Noise, Rule, WeightedMean, aggregation, weighted_mean
+from fedtail.algorithms.base import Message
+from fedtail.engine import checkpoint, guard, prepare
+from fedtail.engine.callbacks import Checkpointer
+from fedtail.engine.simulation import Simulation
+from fedtail.errors import ConfigError, FedtailError
+from fedtail.flower.inprocess import InProcessGrid
+from fedtail.flower.server import serve
+from helpers import PACKAGED, invoke, run, run_with_summary, same, strip_timing
+
+dp_accounting = pytest.importorskip("dp_accounting")  # `make test` installs the [dp] extra; CI runs these
+
+
+def mean_of(rule: Rule, values: list[list[float]], weights: list[float] | None = None, noise: Noise | None = None):
+    with aggregation(rule, noise):
+        acc = WeightedMean()
+    for v, w in zip(values, weights or [1.0] * len(values)):
+        acc.add({"w": torch.tensor(v, dtype=torch.float32), "n": torch.tensor(len(v), dtype=torch.int64)}, w)
+    return acc.result()
+
+
+# --- the rules ------------------------------------------------------------------------------------
+
+
+def test_rules_parse_and_say_how_many_inputs_they_need():
+    assert [str(Rule.parse(s)) for s in ("mean", "MEDIAN", "trimmed:2", "krum:1", "krum:1:3")] == [
+        "mean", "median", "trimmed:2", "krum:1", "krum:1:3"]  # fmt: skip
+    assert [Rule.parse(s).min_inputs for s in ("median", "trimmed:2", "krum:1", "krum:2:9")] == [1, 5, 5, 9]
+    for bad in ("avg", "trimmed", "trimmed:0", "trimmed:1:2", "krum:1:0", "krum:-1"):
+        with pytest.raises(ValueError, match="--aggregate"):
+            Rule.parse(bad)
+
+
+def test_median_and_trimmed_mean_per_coordinate_against_hand_computed_values():
+    values = [[1.0, 10.0], [2.0, -5.0], [9.0, 0.0], [100.0, 1.0]]
+    # even count: the mean of the two middle values; unweighted whatever the weights
+    assert mean_of(Rule("median"), values, [1, 2, 3, 40])["w"].tolist() == pytest.approx([5.5, 0.5])
+    assert mean_of(Rule("median"), values[:3])["w"].tolist() == pytest.approx([2.0, 0.0])
+    # trimmed:1 drops the largest and the smallest of each coordinate
+    assert mean_of(Rule("trimmed", 1), values)["w"].tolist() == pytest.approx([5.5, 0.5])
+    five = values + [[3.0, 2.0]]
+    assert mean_of(Rule("trimmed", 1), five)["w"].tolist() == pytest.approx([(2 + 3 + 9) / 3, (0 + 1 + 2) / 3])
+    assert mean_of(Rule("median"), values)["n"].dtype == torch.int64  # integer tensors come back as integers
+
+
+def test_krum_takes_the_input_nearest_its_neighbours_and_multi_krum_their_weighted_mean():
+    honest = [[1.0, 1.0], [1.1, 0.9], [0.9, 1.2], [1.0, 0.75], [1.2, 1.0]]  # no tied scores
+    values = honest + [[50.0, -50.0], [40.0, 40.0]]
+    one = mean_of(Rule("krum", 2), values)["w"]
+    assert one.tolist() in [pytest.approx(h) for h in honest]
+    # by hand: scores over the n - f - 2 = 3 nearest others
+    pts = torch.tensor(values, dtype=torch.float32).double()
+    d = torch.cdist(pts, pts).square().sort(dim=1).values[:, 1:4].sum(dim=1)
+    assert one.tolist() == pytest.approx(values[int(d.argmin())])
+    weights = [1, 2, 3, 4, 5, 100, 100]
+    three = mean_of(Rule("krum", 2, 3), values, weights)["w"]
+    chosen = d.argsort()[:3].tolist()
+    expect = sum(torch.tensor(values[i]) * weights[i] for i in chosen) / sum(weights[i] for i in chosen)
+    assert three.tolist() == pytest.approx(expect.tolist())
+    assert max(chosen) < len(honest)  # the hostile inputs are never chosen
+
+
+def test_a_rule_with_too_few_inputs_fails_with_the_rule_named():
+    with pytest.raises(ValueError, match="trimmed:2 needs at least 5"):
+        mean_of(Rule("trimmed", 2), [[1.0], [2.0], [3.0]])
+
+
+def test_outside_a_round_and_plain_means_stay_the_streaming_weighted_mean():
+    values, weights = [[1.0, 2.0], [3.0, 4.0], [100.0, 0.0]], [1.0, 1.0, 2.0]
+    expect = [(1 + 3 + 200) / 4, (2 + 4 + 0) / 4]
+    assert mean_of(Rule(), values, weights)["w"].tolist() == pytest.approx(expect)
+    with aggregation(Rule("median")):
+        plain = WeightedMean(plain=True)
+        for v, w in zip(values, weights):
+            plain.add({"w": torch.tensor(v)}, w)
+        server_side = weighted_mean(({"w": torch.tensor(v)}, w) for v, w in zip(values, weights))
+    assert plain.result()["w"].tolist() == pytest.approx(expect)
+    assert server_side["w"].tolist() == pytest.approx(expect)
+
+
+# --- hostile clients ------------------------------------------------------------------------------
+
+
+def test_hostile_clients_are_drawn_from_the_seed_and_corrupt_only_their_updates():
+    config = tiny_config(faults={"byzantine": 2, "byzantine_mode": "scale:-3"})
+    bad = guard.hostile(config)
+    assert len(bad) == 2 and bad == guard.hostile(config) and bad != guard.hostile(config.model_copy(update={"seed": 5}))
+    assert guard.hostile(tiny_config()) == frozenset()
+    sent = Message("fit", {"w": torch.tensor([1.0, 1.0]), "k": torch.tensor(7)})
+    reply = Message("fit", {"w": torch.tensor([2.0, 0.0]), "k": torch.tensor(7), "extra": torch.tensor([1.0])}, metrics={"n": 3.0})
+    g = guard.ClientGuard.of(config)
+    honest = min(set(range(6)) - bad)
+    assert guard.outgoing(config, honest, 1, sent, reply, g) is reply
+    out = guard.outgoing(config, min(bad), 1, sent, reply, g)
+    assert out.tensors["w"].tolist() == pytest.approx([1 - 3, 1 + 3])  # sent + S * update
+    assert out.tensors["extra"].tolist() == pytest.approx([-3.0])  # a tensor not sent: an update of zeros
+    assert int(out.tensors["k"]) == 7 and out.metrics == reply.metrics
+    flip = guard.ClientGuard.of(tiny_config(faults={"byzantine": 2}))
+    assert guard.outgoing(config, min(bad), 1, sent, reply, flip).tensors["w"].tolist() == pytest.approx([0.0, 2.0])
+    noisy = guard.ClientGuard.of(tiny_config(faults={"byzantine": 2, "byzantine_mode": "gaussian:2"}))
+    a, b = (guard.outgoing(config, min(bad), seed, sent, reply, noisy).tensors["w"] for seed in (1, 1))
+    assert torch.equal(a, b) and not torch.equal(a, guard.outgoing(config, min(bad), 2, sent, reply, noisy).tensors["w"])
+
+
+def test_robust_rules_withstand_hostile_clients_that_break_the_mean():
+    base = dict(partition={"num_clients": 10, "alpha": 100.0}, fraction=1.0, rounds=4, checkpoint_every=0)
+
+    def final(**faults) -> float:
+        return run(tiny_config(**base, faults=faults))[0][-1]["global_acc"]
+
+    clean, attacked = final(), dict(byzantine=3, byzantine_mode="scale:-20")
+    broken = final(**attacked)
+    assert broken < clean - 0.3  # 3 of 10 clients sending -20 times their update break the plain mean
+    for rule in ("median", "trimmed:3", "krum:3"):
+        assert final(aggregate=rule, **attacked) > broken + 0.3, rule
+
+
+def test_runs_with_hostile_clients_and_dp_are_the_same_with_workers_and_resume_bit_identically():
+    config = tiny_config(
+        faults={"byzantine": 1, "byzantine_mode": "gaussian:0.5", "aggregate": "mean"},
+        privacy={"clip": 0.5, "noise": 0.8}, rounds=4, checkpoint_every=2,
+    )
+    serial, parallel = run(config)[0], run(config.model_copy(update={"workers": 2}))[0]
+    assert strip_timing(serial) == strip_timing(parallel)
+    saved: list[bytes] = []
+    reference = Simulation(config, *prepare(config), callbacks=[Checkpointer(lambda s: saved.append(checkpoint.to_bytes(s)))])
+    reference.run()
+    resumed = Simulation(config, *prepare(config))
+    resumed.restore(checkpoint.load(saved[0]))
+    resumed.run()
+    assert strip_timing(resumed.record.rows) == strip_timing(reference.record.rows)
+    assert same(checkpoint.encode(resumed.server.state_dict()), checkpoint.encode(reference.server.state_dict()))
+
+
+def test_flower_gives_the_simulators_results_with_hostile_clients_a_robust_rule_and_dp(tmp_path):
+    for k, extra in enumerate((
+        {"faults": {"byzantine": 2, "byzantine_mode": "sign-flip", "aggregate": "trimmed:1"}},
+        {"privacy": {"clip": 0.5, "noise": 1.0}, "faults": {"byzantine": 1}},
+    )):
+        config = tiny_config(checkpoint_every=0, **extra)
+        summary, rows, _ = run_with_summary(config)
+        nodes = {100: {"state-dir": str(tmp_path / f"a{k}"), "clients": "0,1,2"}, 101: {"state-dir": str(tmp_path / f"b{k}"), "clients": "3,4,5"}}
+        rc = {"config": config.model_dump_json(), "out": str(tmp_path / f"run{k}"), "round-timeout": 0.0, "node-wait": 2.0}
+        flower = serve(InProcessGrid(nodes, rc), rc)
+        got = [json.loads(line) for line in (tmp_path / f"run{k}" / "metrics.jsonl").read_text().splitlines()]
+        assert [r["personalized_acc"] for r in got] == [r["personalized_acc"] for r in rows]
+        assert flower["final"] == json.loads(json.dumps(summary["final"]))
+        assert flower.get("privacy") == summary.get("privacy") and flower.get("byzantine") == summary.get("byzantine")
+
+
+# --- client-level DP ------------------------------------------------------------------------------
+
+
+def test_dp_clips_each_update_to_the_clipping_norm_and_leaves_small_ones_alone():
+    config = tiny_config(privacy={"clip": 1.0, "noise": 1.0})
+    g = guard.ClientGuard.of(config)
+    sent = Message("fit", {"a": torch.zeros(3), "b": torch.ones(2), "k": torch.tensor(3)})
+    big = Message("fit", {"a": torch.tensor([3.0, 0.0, 0.0]), "b": torch.tensor([1.0, 5.0]), "k": torch.tensor(9)})
+    out = guard.outgoing(config, 0, 1, sent, big, g)
+    delta = torch.cat([out.tensors["a"], out.tensors["b"] - 1])
+    assert float(delta.norm()) == pytest.approx(1.0, rel=1e-6)
+    assert (delta / delta.norm()).tolist() == pytest.approx([0.6, 0.0, 0.0, 0.0, 0.8], abs=1e-6)  # direction kept
+    assert int(out.tensors["k"]) == 9  # integer buffers are not an update
+    small = Message("fit", {"a": torch.tensor([0.3, 0.0, 0.0]), "b": torch.ones(2), "k": torch.tensor(9)})
+    assert torch.equal(guard.outgoing(config, 0, 1, sent, small, g).tensors["a"], small.tensors["a"])
+    unsent = Message("fit", {"a": torch.zeros(3), "proto": torch.ones(4)})
+    with pytest.raises(FedtailError, match="'proto'.*cannot be clipped"):
+        guard.outgoing(config, 0, 1, sent, unsent, g)
+
+
+def test_dp_noise_on_the_sum_has_the_promised_scale_and_the_mean_is_unweighted():
+    n, std, size = 5, 2.0, 200_000
+    x = torch.full((size,), 3.0)
+    with aggregation(Rule(), Noise(std, torch.Generator().manual_seed(0))):
+        acc = WeightedMean()
+    for k in range(n):
+        acc.add({"w": x}, weight=10.0 ** k)  # weights ignored under DP
+    err = acc.result()["w"] - 3.0
+    assert float(err.mean()) == pytest.approx(0.0, abs=4 * std / n / math.sqrt(size))
+    assert float(err.std()) == pytest.approx(std / n, rel=0.01)  # σ on the sum, divided by n
+
+
+def test_epsilon_matches_the_accountants_own_example():
+    # dp-accounting's test_compute_epsilon_delta_gaussian: noise multiplier 4.530877117 gives (1, 1e-6)-DP;
+    # every client every round, one round, replace-one (sensitivity 2C): z = 2 × 4.530877117
+    config = tiny_config(fraction=1.0, rounds=1, privacy={"clip": 1.0, "noise": 2 * 4.530877117, "delta": 1e-6})
+    assert guard.epsilon(config, 1) == pytest.approx(1.0, abs=1e-3)
+    # composition: ε grows with rounds, and the accountant composing them itself agrees
+    sub = tiny_config(partition={"num_clients": 50}, fraction=0.2, rounds=30, privacy={"clip": 1.0, "noise": 1.5})
+    acc = dp_accounting.rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
+    acc.compose(dp_accounting.SampledWithoutReplacementDpEvent(50, 10, dp_accounting.GaussianDpEvent(0.75)), 30)
+    assert guard.epsilon(sub, 30) == pytest.approx(acc.get_epsilon(1e-5), rel=1e-9)
+    assert guard.epsilon(sub, 10) < guard.epsilon(sub, 30)
+
+
+def test_dp_epsilon_picks_the_noise_that_spends_it_over_the_run():
+    config = tiny_config(partition={"num_clients": 20}, fraction=0.5, rounds=20, privacy={"clip": 1.0, "epsilon": 4.0})
+    z = guard.noise_multiplier(config)
+    assert 0.97 * 4.0 < guard.epsilon(config, 20) <= 4.0 and z > 1
+    summary, rows, _ = run_with_summary(tiny_config(rounds=3, privacy={"clip": 1.0, "epsilon": 8.0}))
+    assert summary["privacy"]["epsilon"] == pytest.approx(8.0, rel=0.03) and summary["privacy"]["delta"] == 1e-5
+    assert [r["epsilon"] for r in rows] == sorted(r["epsilon"] for r in rows)  # spent per round, growing
+
+
+def test_every_algorithm_says_whether_it_takes_the_rules_and_dp_and_a_refusal_is_one_error(tmp_path):
+    for name in PACKAGED:
+        spec = ALGORITHMS[name]
+        assert spec.robust is True or (isinstance(spec.robust, str) and spec.robust), name
+    assert {n for n in PACKAGED if ALGORITHMS[n].dp is True} >= {"fedavg", "fedprox", "ditto", "fedrep", "fedper"}
+    listing = invoke("list").output
+    assert "robust: --aggregate median|trimmed|krum: no: averages per cluster" in listing
+    assert "privacy: client-level DP (--dp-clip): yes" in listing
+    for args, message in (
+        (["-a", "fedac", "--aggregate", "median"], "fedac cannot take a robust rule"),
+        (["--aggregate", "krum:2"], "krum:2 needs at least 7 replies a round; the run samples 3"),
+        (["--dp-clip", "1", "--dp-noise", "1", "--aggregate", "median"], "takes --aggregate mean"),
+        (["--dp-clip", "-1", "--dp-noise", "1"], "--dp-clip: Input should be greater than 0"),
+        (["--dp-noise", "1"], "need --dp-clip"),
+        (["-a", "gldp", "--dp-clip", "1", "--dp-noise", "1"], "gldp cannot take client-level DP"),
+        (["--byzantine-mode", "gaussian:0"], "--byzantine-mode takes"),
+    ):
+        result = invoke("run", "--dataset", "synthetic", "--model", "mlp", "--clients", "6", "--fraction", "0.5",
+                        "--rounds", "1", "--out", tmp_path / "x", *args)  # fmt: skip
+        assert result.exit_code != 0 and message in result.output, (args, result.output)
+        assert not (tmp_path / "x" / "summary.json").exists()
