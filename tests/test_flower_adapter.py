@@ -78,8 +78,59 @@ def test_every_algorithm_gives_the_simulators_results_bit_for_bit(tmp_path, name
     assert flower_summary["bytes"]["wire_down"] > 0 and flower_summary["bytes"]["wire_up"] > summary["bytes"]["up"]
     # one message per node and exchange, tasks of its clients only
     assert {node for node, _ in grid.delivered} == set(grid.node_configs)
-    stored = {int(p.stem.split("-")[1]) for p in tmp_path.glob("node*/run-1/client-*.pt") if "pending" not in p.name}
+    stored = {c for node in tmp_path.glob("node*") for c in StateStore(node, 1)}
     assert stored == set(sim.client_state)  # every client state the simulator keeps is on a node, none on the server
+
+
+class DyingGrid(InProcessGrid):
+    """A grid whose ServerApp's host dies in round ``die_in``, once the first node of its first training push ran its tasks."""
+
+    def __init__(self, *args, die_in: int, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.die_in = die_in
+
+    def push_messages(self, messages):
+        messages = list(messages)
+        if messages and messages[0].metadata.message_type.startswith("train") and messages[0].metadata.group_id == str(self.die_in):
+            super().push_messages(messages[:1])
+            raise RuntimeError("the ServerApp's host died")
+        return super().push_messages(messages)
+
+
+@pytest.mark.parametrize("name", ["ditto", "fedac"])
+def test_a_serverapp_that_died_resumes_from_its_checkpoint_with_the_simulators_results(tmp_path, name):
+    """Checkpoint after round 2, the host dies in round 4 (nodes hold accepted and pending states of
+    rounds 3-4), a new Flower run resumes: the nodes go back to round 2, the results are unstopped ones."""
+    config = algorithm_config(name, rounds=5, checkpoint_every=2, eval_every=2)
+    summary, rows, _ = run_with_summary(config)
+    where = nodes(tmp_path, {"clients": "0-2"}, {"clients": "3-5"})
+    rc = run_config(config, tmp_path / "run")
+    with pytest.raises(RuntimeError, match="died"):
+        serve(DyingGrid(where, rc, run_id=7, die_in=4), rc, run_id=7)
+    assert (tmp_path / "run" / "checkpoint.pt").exists() and not (tmp_path / "run" / "summary.json").exists()
+    assert any((tmp_path / "node0" / "run-7").glob("client-*.r*.pt"))  # states of rounds after the checkpoint are kept apart
+    resumed = serve(InProcessGrid(where, rc | {"resume": True}, run_id=8), rc | {"resume": True}, run_id=8)
+    assert strip_timing(rows_of(tmp_path / "run")) == as_json(strip_timing(rows))
+    assert resumed["final"] == json.loads(json.dumps(summary["final"]))
+    assert not (tmp_path / "node0" / "run-8").exists()  # the first run's state folder serves the resumed run
+    assert [p["from_round"] for p in resumed["pieces"]] == [1, 3]
+
+
+def test_a_flower_checkpoint_is_not_resumed_by_the_simulator_nor_a_simulator_one_by_flower(tmp_path):
+    from fedtail.engine import checkpoint
+    from fedtail.engine.callbacks import Checkpointer
+
+    config = algorithm_config("fedavg", rounds=4, checkpoint_every=2)
+    saved: list[dict] = []
+    sim = Simulation(config, *prepare(config), callbacks=[Checkpointer(saved.append)])
+    sim.run()
+    grid_sim = Simulation(config, *prepare(config), executor_factory=lambda s: GridExecutor(
+        s, InProcessGrid(nodes(tmp_path, {"clients": "0-5"}), run_config(config, tmp_path / "r")), GridSettings(node_wait=2.0)))
+    with pytest.raises(checkpoint.CheckpointError, match="simulator run"):
+        grid_sim.restore(checkpoint.load(checkpoint.to_bytes(saved[0])))
+    flower_state = saved[0] | {"executor": {"state_run": 1, "to_confirm": [], "sent_tag": []}}
+    with pytest.raises(checkpoint.CheckpointError, match="Flower run"):
+        Simulation(config, *prepare(config)).restore(flower_state)
 
 
 def test_one_node_per_client_gives_the_same_results(tmp_path):
@@ -227,6 +278,27 @@ def test_node_config_is_parsed_and_checked():
         NodeSettings.from_node_config({"partition-id": 3, "num-partitions": 3})
     with pytest.raises(FlowerError, match="do not exist"):
         NodeSettings.from_node_config({"clients": "0-9"}).hosted(6)
+
+
+def test_a_node_keeps_the_states_a_resume_needs_and_goes_back_once_per_resume(tmp_path):
+    store = StateStore(tmp_path, 1)
+    for rnd in (1, 3, 4, 6):  # client 0 trained and accepted in rounds 1, 3, 4 and 6
+        store.hold(0, {"r": rnd}, (rnd, 0))
+        assert store.accept(0, (rnd, 0))
+    store.hold(0, {"r": 7}, (7, 0))  # pending: its reply not confirmed yet
+    store.hold(1, {"r": 5}, (5, 0))
+    store.accept(1, (5, 0))
+    assert list(store) == [0, 1] and store.load(0) == {"r": 6}
+    store.prune(4)  # a checkpoint of round 4: round 4's state and the later ones stay
+    assert sorted(p.name for p in store.dir.glob("client-0*")) == ["client-0.pending.pt", "client-0.pt", "client-0.r4-0.pt"]
+    assert store.restore(4, [], "token-a")
+    assert store.load(0) == {"r": 4} and 1 not in store  # client 1 had no state at round 4
+    assert not list(store.dir.glob("*.pending.pt")) and not list(store.dir.glob("client-*.r*.pt"))
+    store.hold(0, {"r": 5}, (5, 0))
+    store.accept(0, (5, 0))
+    assert not store.restore(4, [], "token-a") and store.load(0) == {"r": 5}  # the same resume again: nothing
+    store.hold(1, {"r": 6}, (6, 1))  # accepted in the checkpoint's round, not yet confirmed at the checkpoint
+    assert store.restore(6, [(1, (6, 1))], "token-b") and store.load(1) == {"r": 6}
 
 
 def test_pending_state_becomes_the_state_only_when_confirmed(tmp_path):

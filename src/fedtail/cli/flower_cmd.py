@@ -14,7 +14,6 @@ from typing import Any, Callable, Optional
 
 import typer
 
-from fedtail.config import FLAG_KEYS
 from fedtail.errors import FedtailError, RunDiverged
 
 flower_app = typer.Typer(
@@ -24,15 +23,12 @@ flower_app = typer.Typer(
 
 
 def _run_parameters() -> tuple[list[inspect.Parameter], dict[str, Any]]:
-    """The parameters (typer options) of ``fedtail run`` except --resume (a Flower run does not resume)."""
+    """The parameters (typer options) of ``fedtail run``, --resume included (the ServerApp resumes from
+    the run folder's checkpoint, the nodes bring their clients' states back to it)."""
     from fedtail.cli.main import run
 
     hints = typing.get_type_hints(run)
-    params = [
-        p.replace(annotation=hints[p.name])
-        for p in inspect.signature(run).parameters.values()
-        if p.name != "resume"
-    ]
+    params = [p.replace(annotation=hints[p.name]) for p in inspect.signature(run).parameters.values()]
     return params, {p.name: hints[p.name] for p in params}
 
 
@@ -59,17 +55,15 @@ def _option(name: str, annotation: Any, default: Any) -> inspect.Parameter:
 
 
 def _config(kwargs: dict[str, Any]):
-    """The run's validated config, as ``fedtail run`` builds it; refuses a finished run in --out."""
-    from fedtail.cli.main import raw_from_flags
-    from fedtail.components import build_config
-    from fedtail.report import is_finished
+    """The run's validated config, as ``fedtail run`` builds it, and whether it resumes from --out's
+    checkpoint (``fedtail run``'s rules: --resume takes --out's config.json, a checkpoint of the same
+    config is resumed without it too, one of another config is refused); refuses a finished run."""
+    from fedtail.cli.main import resolve_run
 
-    flags = {k: v for k, v in kwargs.items() if k in FLAG_KEYS}
-    config = build_config(raw_from_flags(flags, kwargs["config_file"]), kwargs["set_"])
-    out: Path = kwargs["out"]
-    if is_finished(out) and not kwargs["overwrite"]:
-        raise FedtailError(f"--out {out} already holds a finished (or diverged) run; pass --overwrite or choose another folder")
-    return config
+    config, found = resolve_run(kwargs)
+    if found is not None:
+        typer.echo(f"resuming {kwargs['out']} from its checkpoint after round {found[0]['round']}", err=True)
+    return config, found is not None
 
 
 def _terminate_as_interrupt() -> None:
@@ -127,7 +121,7 @@ def local(**kwargs: Any) -> None:
         from fedtail.flower.deploy import LocalDeployment
 
         require_flwr()
-        config = _config(kwargs)
+        config, resume = _config(kwargs)
         out: Path = kwargs["out"]
         if kwargs["nodes"] > config.partition.num_clients:
             raise FedtailError(
@@ -148,7 +142,7 @@ def local(**kwargs: Any) -> None:
                 f"logs in {out / 'flower'}",
                 err=True,
             )
-            summary = deployment.run(config, out, round_timeout=kwargs["round_timeout"])
+            summary = deployment.run(config, out, round_timeout=kwargs["round_timeout"], resume=resume)
         return summary, out
 
     _handle(action)
@@ -177,13 +171,13 @@ def run_on(**kwargs: Any) -> None:
         require_flwr()
         if (kwargs["root_certificates"] is None) == (not kwargs["insecure"]):
             raise FedtailError("give --root-certificates CA.crt (TLS) or --insecure, not both and not neither")
-        config = _config(kwargs)
+        config, resume = _config(kwargs)
         out: Path = kwargs["out"]
         out.mkdir(parents=True, exist_ok=True)
         _terminate_as_interrupt()
         connection = Connection(kwargs["superlink"], kwargs["root_certificates"])
         summary = submit(connection, config, out, out / "flower", round_timeout=kwargs["round_timeout"],
-                         node_wait=kwargs["node_wait"])  # fmt: skip
+                         node_wait=kwargs["node_wait"], resume=resume)  # fmt: skip
         return summary, out
 
     _handle(action)

@@ -124,33 +124,9 @@ def run(
     **settings: Any,
 ) -> None:
     """Run one experiment and write config.json, metrics.jsonl and summary.json to --out."""
-    from fedtail.config import merge
-    from fedtail.components import build_config
-    from fedtail.report import is_finished
-    from fedtail.runner import checkpoint_diffs
-
-    flags = {k: v for k, v in settings.items() if k in FLAG_KEYS}
     try:
-        if resume and overwrite:
-            raise FedtailError("--resume continues the run in --out and --overwrite replaces it: choose one")
-        raw = raw_from_flags(flags, config_file)
-        if resume:
-            raw = merge(_folder_config(out), raw)
-        # A resumed run's config.json is read as stored: no reference settings are filled in.
-        config = build_config(raw, set_, reference=not resume)
-        if is_finished(out) and not overwrite:
-            raise FedtailError(
-                f"--out {out} already holds a finished (or diverged) run; pass --overwrite or choose another folder"
-            )
-        found = None if overwrite else checkpoint_diffs(config, out)
-        if found is not None and found[1]:
-            info, diffs = found
-            raise FedtailError(
-                f"--out {out} holds a checkpoint (round {info['round']} of {info.get('rounds', '?')}) of a run "
-                f"with another config: {'; '.join(diffs)}; pass --overwrite to start afresh or choose another folder"
-            )
-        if resume and found is None:
-            raise FedtailError(f"--resume: {out} holds no checkpoint ({out / 'checkpoint.pt'}); run without --resume")
+        config, found = resolve_run({"set_": set_, "config_file": config_file, "out": out, "overwrite": overwrite,
+                                     "resume": resume, **settings})  # fmt: skip
         if found is not None:
             console.print(f"resuming {out} from its checkpoint after round {found[0]['round']}", highlight=False)
         summary = execute_run(config, out, resume=found is not None)
@@ -161,6 +137,43 @@ def run(
     except KeyboardInterrupt:
         _interrupted(out)
     print_summary(summary, out)
+
+
+def resolve_run(kwargs: dict[str, Any]) -> tuple[Any, tuple[dict[str, Any], list[str]] | None]:
+    """The config of ``fedtail run``'s arguments (``kwargs``: its parameters) and the checkpoint in
+    --out it resumes (None: it starts afresh); ``fedtail flower local / run`` resolve theirs the same way.
+
+    --resume takes --out's config.json as the base (flags that change results are refused); a
+    checkpoint of the same config is resumed without it too; one of another config is refused; so
+    is a finished run unless --overwrite.
+    """
+    from fedtail.config import merge
+    from fedtail.components import build_config
+    from fedtail.report import is_finished
+    from fedtail.runner import checkpoint_diffs
+
+    out, resume, overwrite = kwargs["out"], kwargs["resume"], kwargs["overwrite"]
+    if resume and overwrite:
+        raise FedtailError("--resume continues the run in --out and --overwrite replaces it: choose one")
+    raw = raw_from_flags({k: v for k, v in kwargs.items() if k in FLAG_KEYS}, kwargs["config_file"])
+    if resume:
+        raw = merge(_folder_config(out), raw)
+    # A resumed run's config.json is read as stored: no reference settings are filled in.
+    config = build_config(raw, kwargs["set_"], reference=not resume)
+    if is_finished(out) and not overwrite:
+        raise FedtailError(
+            f"--out {out} already holds a finished (or diverged) run; pass --overwrite or choose another folder"
+        )
+    found = None if overwrite else checkpoint_diffs(config, out)
+    if found is not None and found[1]:
+        info, diffs = found
+        raise FedtailError(
+            f"--out {out} holds a checkpoint (round {info['round']} of {info.get('rounds', '?')}) of a run "
+            f"with another config: {'; '.join(diffs)}; pass --overwrite to start afresh or choose another folder"
+        )
+    if resume and found is None:
+        raise FedtailError(f"--resume: {out} holds no checkpoint ({out / 'checkpoint.pt'}); run without --resume")
+    return config, found
 
 
 def _folder_config(out: Path) -> dict[str, Any]:

@@ -3,7 +3,8 @@
 Flower loads them by the references in the app folder's ``pyproject.toml``
 (:func:`fedtail.flower.deploy.write_app`). The run config of the app (``flwr run --run-config``)
 carries the run's fedtail config as JSON (``config``), the run folder on the SuperLink's host
-(``out``) and the deployment's waits (``round-timeout``, ``node-wait``).
+(``out``), the deployment's waits (``round-timeout``, ``node-wait``) and whether the run continues
+from the folder's checkpoint (``resume``).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ client_app = ClientApp()
 
 @server_app.main()
 def _main(grid: Grid, context: Context) -> None:
-    server.serve(grid, context.run_config)
+    server.serve(grid, context.run_config, context.run_id)
 
 
 @client_app.query("hello")

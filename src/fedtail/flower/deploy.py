@@ -32,7 +32,7 @@ from fedtail.flower import FlowerError
 
 APP_MODULE = "fedtail_flower_app"
 # the run config keys of the app and their defaults (flwr run --run-config may only set declared keys)
-RUN_CONFIG_DEFAULTS: dict[str, Any] = {"config": "", "out": "", "round-timeout": 0.0, "node-wait": 120.0}
+RUN_CONFIG_DEFAULTS: dict[str, Any] = {"config": "", "out": "", "round-timeout": 0.0, "node-wait": 120.0, "resume": False}
 
 
 def _bin(name: str) -> str:
@@ -220,11 +220,13 @@ def submit(
     node_wait: float = 120.0,
     timeout: float | None = None,
     on_line=None,
+    resume: bool = False,
 ) -> dict[str, Any]:
     """``flwr run`` the app with ``config`` into ``out`` (a path on the SuperLink's host); wait for its end.
 
     ``work`` holds the app folder, the run config file, the Flower home of the command line and
-    ``run.log`` (the run's streamed log). Returns ``summary.json``; a run that failed or ended
+    ``run.log`` (the run's streamed log); ``resume``: the run continues from ``out``'s checkpoint.
+    Returns ``summary.json``; a run that failed or ended
     without one raises :class:`FlowerError` with the reason (``FAILED``) and the log's tail.
     """
     import tomli_w
@@ -238,6 +240,7 @@ def submit(
         "out": str(Path(out).resolve()),
         "round-timeout": float(round_timeout or 0.0),
         "node-wait": float(node_wait),
+        "resume": bool(resume),  # continue from out/checkpoint.pt (fedtail.flower.server)
     }
     (work / "run-config.toml").write_text(tomli_w.dumps(run_config))
     for stale in ("summary.json", "FAILED"):
@@ -538,6 +541,7 @@ class LocalDeployment:
             roots.append(self.superlink.pid)
         return [p for r in roots for p in process_tree(r) if _alive(p)]
 
-    def run(self, config: RunConfig, out: Path, round_timeout: float | None = None, timeout: float | None = None) -> dict[str, Any]:
-        """Submit ``config`` to this deployment and wait for its summary."""
-        return submit(self.connection, config, out, self.folder, round_timeout=round_timeout, timeout=timeout)
+    def run(self, config: RunConfig, out: Path, round_timeout: float | None = None, timeout: float | None = None,
+            resume: bool = False) -> dict[str, Any]:
+        """Submit ``config`` to this deployment and wait for its summary (``resume``: from ``out``'s checkpoint)."""
+        return submit(self.connection, config, out, self.folder, round_timeout=round_timeout, timeout=timeout, resume=resume)

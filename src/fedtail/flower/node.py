@@ -19,7 +19,7 @@ gives the same clients on every machine) and keeps only the views of its clients
 starts a new ClientApp process for every message, and ``Context.state`` lives in the
 SuperNode's memory, so it would neither hold tensors cheaply nor survive a restart of the
 SuperNode; the state is therefore a file per client under
-``{state-dir}/run-{run_id}/client-{cid}.pt`` (``torch.save`` of the checkpoint module's plain
+``{state-dir}/run-{state-run}/client-{cid}.pt`` (``torch.save`` of the checkpoint module's plain
 containers, read back with ``weights_only=True``, written atomically).
 
 The engine keeps a client's new state only when it accepts the reply (the simulator drops the
@@ -29,6 +29,17 @@ know that when it answers, so a training task's new state is written *pending*
 accepted replies in its next message to the node, which makes them the client's state. A
 pending state that was not confirmed by the time the client's next task arrives is deleted:
 the client goes on from its last accepted state, as in the simulator.
+
+**Resuming** (the ServerApp restarted from its checkpoint of round R, ``fedtail flower run
+--resume``): a confirmed state does not overwrite the one before it, which is kept as
+``client-{cid}.r{round}-{call}.pt`` until the server says (``checkpointed``, in every message) that
+a checkpoint supersedes it: then only the newest state of round <= that checkpoint and those
+after it are kept. The resumed server's first message to a node says ``restore`` R, with the
+tags accepted but not yet confirmed at the checkpoint: the node confirms those, and every client
+goes back to its newest state of round <= R (none: no state), its later and pending states
+deleted. Each resume carries a token the node records, so a node that restarts later in the
+resumed run does not go back twice. The state folder is named by the run's *first* run id
+(``state-run``), which the resumed run (a new Flower run) keeps.
 """
 
 from __future__ import annotations
@@ -125,6 +136,28 @@ class StateStore(ClientStates):
     def _path(self, cid: int, pending: bool = False) -> Path:
         return self.dir / (f"client-{cid}.pending.pt" if pending else f"client-{cid}.pt")
 
+    def _kept(self, cid: int, tag: Tag) -> Path:
+        """An earlier accepted state, kept for a resume (module docstring)."""
+        return self.dir / f"client-{cid}.r{tag[0]}-{tag[1]}.pt"
+
+    def _versions(self) -> dict[int, list[tuple[Tag, Path]]]:
+        """Client -> its accepted states (those kept and the current one), oldest first."""
+        out: dict[int, list[tuple[Tag, Path]]] = {}
+        if not self.dir.is_dir():
+            return out
+        for path in self.dir.glob("client-*.pt"):
+            found = re.fullmatch(r"client-(\d+)(?:\.r(\d+)-(\d+))?\.pt", path.name)
+            if found is None:
+                continue
+            cid = int(found.group(1))
+            if found.group(2) is None:
+                saved = self._read(path)
+                tag: Tag = tuple(saved["tag"]) if saved is not None and saved["tag"] else (0, 0)  # type: ignore[assignment]
+            else:
+                tag = (int(found.group(2)), int(found.group(3)))
+            out.setdefault(cid, []).append((tag, path))
+        return {cid: sorted(v, key=lambda item: (item[0], item[1].name == f"client-{cid}.pt")) for cid, v in out.items()}
+
     def _read(self, path: Path) -> dict[str, Any] | None:
         try:
             return torch.load(path, map_location="cpu", weights_only=True)
@@ -164,7 +197,7 @@ class StateStore(ClientStates):
 
     def __iter__(self) -> Iterator[int]:
         names = (p.name for p in self.dir.glob("client-*.pt")) if self.dir.is_dir() else ()
-        return iter(sorted(int(n[len("client-") : -len(".pt")]) for n in names if not n.endswith(".pending.pt")))
+        return iter(sorted(int(found.group(1)) for n in names if (found := re.fullmatch(r"client-(\d+)\.pt", n))))
 
     def __len__(self) -> int:
         return sum(1 for _ in self)
@@ -182,6 +215,9 @@ class StateStore(ClientStates):
         pending = self._path(cid, pending=True)
         saved = self._read(pending)
         if saved is not None and (tag is None or tuple(saved["tag"]) == tuple(tag)):
+            current = self._read(self._path(cid))
+            if current is not None and current["tag"]:  # kept until a checkpoint supersedes it
+                os.replace(self._path(cid), self._kept(cid, tuple(current["tag"])))  # type: ignore[arg-type]
             os.replace(pending, self._path(cid))
             return True
         current = self._read(self._path(cid))
@@ -190,6 +226,35 @@ class StateStore(ClientStates):
     def drop(self, cid: int) -> None:
         """Forget a pending state the server did not confirm (its reply was rejected or lost)."""
         self._path(cid, pending=True).unlink(missing_ok=True)
+
+    # -- resuming (module docstring) -----------------------------------------------------------------
+    def prune(self, checkpointed: int) -> None:
+        """Keep, of every client's accepted states, the newest of round <= ``checkpointed`` and the later ones."""
+        for versions in self._versions().values():
+            older = [path for tag, path in versions if tag[0] <= checkpointed]
+            for path in older[:-1]:
+                path.unlink(missing_ok=True)
+
+    def restore(self, rnd: int, accepted: list[tuple[int, Tag]], token: str) -> bool:
+        """Every client back to its state after round ``rnd`` (``accepted``: the tags the checkpoint had
+        yet to confirm), once per ``token``; True when it was done now."""
+        marker = self.dir / f"restored-{token}"
+        if marker.exists():
+            return False
+        for cid, tag in accepted:
+            self.accept(cid, tag)
+        for path in self.dir.glob("client-*.pending.pt") if self.dir.is_dir() else ():
+            path.unlink()
+        for cid, versions in self._versions().items():
+            keep = [path for tag, path in versions if tag[0] <= rnd]
+            for tag, path in versions:
+                if tag[0] > rnd:
+                    path.unlink()
+            if keep and keep[-1] != self._path(cid):
+                os.replace(keep[-1], self._path(cid))
+        self.dir.mkdir(parents=True, exist_ok=True)
+        marker.write_text(f"{rnd}\n")
+        return True
 
 
 class NodeRuntime:
@@ -249,7 +314,8 @@ def hello(run_config: Any, node_config: Any) -> dict[str, Any]:
 def run_tasks(content: Any, run_id: int, run_config: Any, node_config: Any) -> Any:
     """Answer a ``train.tasks`` / ``evaluate.tasks`` message: confirm states, run each client's task.
 
-    ``content`` holds ``"tasks"`` (cid, round, call, read-only per task), ``"confirm"`` (tags of
+    ``content`` holds ``"run"`` (the state folder's run id, the latest checkpoint's round, a restore
+    after a resume), ``"tasks"`` (cid, round, call, read-only per task), ``"confirm"`` (tags of
     accepted replies) and each task's message records; the reply holds ``"answers"`` (per task: the
     compute seconds and where its state holds NaN / inf, if anywhere), ``"confirmed"`` and each
     reply's records.
@@ -260,12 +326,17 @@ def run_tasks(content: Any, run_id: int, run_config: Any, node_config: Any) -> A
     age = process_age()  # Flower starts a process per message: its start-up is part of each exchange
     settings = NodeSettings.from_node_config(node_config)
     node = node_runtime(str(run_config["config"]), settings)
-    store = StateStore(settings.state_dir, run_id)
+    run = content.config_records["run"]
+    store = StateStore(settings.state_dir, int(run["state-run"]))  # the first run's id: a resumed run keeps it
+    if str(run["restore-token"]):  # the ServerApp resumed from its checkpoint of round restore-round
+        accepted = [(int(c), (int(r), int(k))) for c, r, k in zip(run["restore-cids"], run["restore-rnds"], run["restore-calls"])]
+        store.restore(int(run["restore-round"]), accepted, str(run["restore-token"]))
     confirm = content.config_records["confirm"]
     confirmed = []
     for cid, rnd, call in zip(confirm["cids"], confirm["rnds"], confirm["calls"]):
         if store.accept(int(cid), (int(rnd), int(call))):
             confirmed.append(int(cid))
+    store.prune(int(run["checkpointed"]))
     tasks = content.config_records["tasks"]
     reply = RecordDict()
     seconds, nonfinite = [], []

@@ -14,12 +14,23 @@ is offline, times out or answers with an error is *missing*: no result, which th
 as a lost reply; a round with fewer than ``--min-replies`` accepted replies is skipped as in the
 simulator. Nodes that connect later (a restarted SuperNode) are greeted before the next
 exchange and serve their clients from then on, with the state they kept on disk.
+
+**Checkpoints and resuming**: the run writes the simulator's checkpoint every ``--checkpoint-every``
+rounds (the server's state; the clients' states stay on the nodes), with this executor's own part
+(:meth:`GridExecutor.state_dict`: the run id naming the nodes' state folders, the accepted replies
+the nodes have yet to confirm). Every message tells the nodes the latest checkpoint's round, so
+they keep the client states a resume may need (:mod:`fedtail.flower.node`). A ServerApp started
+with ``resume`` continues from ``checkpoint.pt`` in the run folder, as ``fedtail run --resume``
+does, and its first message to each node tells it to bring its clients back to the checkpoint's
+round: the rounds after it run again from the same state, with the same seeds, so the results
+are an unstopped run's.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -47,9 +58,15 @@ class GridSettings:
 class GridExecutor:
     """The executor of a Flower deployment (see the module docstring); ``map`` as the simulator's."""
 
-    def __init__(self, sim: Any, grid: Any, settings: GridSettings = GridSettings()) -> None:
+    def __init__(self, sim: Any, grid: Any, settings: GridSettings = GridSettings(), run_id: int | None = None) -> None:
         self.grid = grid
         self.settings = settings
+        self.checkpoint_every = sim.config.checkpoint_every
+        # names the nodes' state folders (default: the grid's run_id); a resumed run keeps its first run's
+        self.state_run = int(getattr(grid, "run_id", 0) if run_id is None else run_id)
+        # after a resume: (round, token, accepted tags yet to confirm) for the nodes not yet told
+        self.restore: tuple[int, str, list[tuple[int, tuple[int, int]]]] | None = None
+        self.restored: set[int] = set()
         self.num_clients = sim.num_clients
         self.expected = {cid: fingerprint(sim.partition, cid) for cid in range(self.num_clients)}
         self.hosts: dict[int, list[int]] = {}  # node id -> the clients it hosts
@@ -153,6 +170,7 @@ class GridExecutor:
             content["confirm"] = ConfigRecord(
                 {"cids": [c for c, _ in confirm], "rnds": [t[0] for _, t in confirm], "calls": [t[1] for _, t in confirm]}
             )
+            content["run"] = self._run_record(node, group[0].rnd)
             content["tasks"] = ConfigRecord(
                 {
                     "cids": [t.cid for t in group],
@@ -167,6 +185,38 @@ class GridExecutor:
         pending = self._push(messages, nodes)
         return self._results(pending, {t.cid: t for t in tasks})
 
+    def _run_record(self, node: int, rnd: int) -> Any:
+        """The state folder's run, the latest checkpoint's round, and the restore a resumed run owes ``node``."""
+        from flwr.app import ConfigRecord
+
+        every = self.checkpoint_every
+        # the checkpoint of round C is written before round C + 1 starts; without checkpoints none is kept
+        checkpointed = (rnd - 1) // every * every if every else rnd - 1
+        restore = self.restore if self.restore is not None and node not in self.restored else None
+        rnd0, token, accepted = restore if restore is not None else (0, "", [])
+        return ConfigRecord({
+            "state-run": self.state_run, "checkpointed": max(0, checkpointed), "restore-round": rnd0,
+            "restore-token": token, "restore-cids": [c for c, _ in accepted],
+            "restore-rnds": [t[0] for _, t in accepted], "restore-calls": [t[1] for _, t in accepted],
+        })  # fmt: skip
+
+    def state_dict(self) -> dict[str, Any]:
+        """This executor's part of the run's checkpoint (module docstring)."""
+        return {
+            "state_run": self.state_run,
+            "to_confirm": sorted([cid, *tag] for cid, tag in self.to_confirm.items()),
+            "sent_tag": sorted([cid, *tag] for cid, tag in self.sent_tag.items()),
+        }
+
+    def load_state_dict(self, state: dict[str, Any], rnd: int) -> None:
+        """Continue after the checkpoint of round ``rnd``: the nodes are told to go back to it."""
+        self.state_run = int(state["state_run"])
+        self.to_confirm = {int(c): (int(r), int(k)) for c, r, k in state["to_confirm"]}
+        self.sent_tag = {int(c): (int(r), int(k)) for c, r, k in state["sent_tag"]}
+        self.restore = (int(rnd), uuid.uuid4().hex, sorted(self.to_confirm.items()))
+        self.restored = set()
+        log.info("resuming after round %d: the nodes bring their clients' states back to it", rnd)
+
     def _results(self, pending: dict[str, int], tasks: dict[int, Task]) -> Iterator[Result]:
         start = time.perf_counter()
         replies = self._pull(pending, self.settings.round_timeout)
@@ -180,6 +230,7 @@ class GridExecutor:
         for node, reply in replies.items():
             if reply is None:
                 continue
+            self.restored.add(node)  # it has applied the resume's restore (if one was owed)
             answers = reply.content.config_records["answers"]
             spent = reply.content.config_records["node"]
             self.times["node_process_start_s"] += float(spent["process_age_s"])
@@ -286,8 +337,10 @@ def settings_from_run_config(run_config: Any) -> GridSettings:
     )
 
 
-def serve(grid: Any, run_config: Any) -> dict[str, Any]:
-    """The ServerApp's work: run ``run_config["config"]`` into the folder ``run_config["out"]``."""
+def serve(grid: Any, run_config: Any, run_id: int | None = None) -> dict[str, Any]:
+    """The ServerApp's work: run ``run_config["config"]`` into the folder ``run_config["out"]``
+    (``run_config["resume"]``: from the folder's checkpoint); ``run_id``: this Flower run's id
+    (default: the grid's ``run_id``, an in-process grid's)."""
     from fedtail.config import RunConfig
     from fedtail.runner import run_to_folder
 
@@ -300,8 +353,9 @@ def serve(grid: Any, run_config: Any) -> dict[str, Any]:
     try:
         config = RunConfig.model_validate_json(str(run_config["config"]))
         settings = settings_from_run_config(run_config)
+        resume = bool(run_config.get("resume", False))
         return run_to_folder(
-            config, out, executor_factory=lambda sim: GridExecutor(sim, grid, settings), checkpoints=False
+            config, out, resume=resume, executor_factory=lambda sim: GridExecutor(sim, grid, settings, run_id)
         )
     except BaseException as err:
         # run_to_folder marks failures once the rounds run; this covers the start (no nodes, bad data)
