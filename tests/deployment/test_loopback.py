@@ -148,3 +148,44 @@ def test_a_supernode_without_a_registered_key_is_refused(tmp_path):
         summary = deployment.run(config, tmp_path / "run", timeout=RUN_TIMEOUT)
     assert list(summary["flower"]["nodes"].values()) == [[0, 1]]  # only the registered node served
     assert flower_processes_under(tmp_path) == []
+
+
+def test_a_killed_serverapp_resumes_from_its_checkpoint_with_the_simulators_results(tmp_path):
+    """The ServerApp process is killed (SIGKILL) after its checkpoint of round 2, once round 3's training
+    reached the nodes; the run ends without a summary. `--resume` (a new Flower run on the same SuperLink
+    and SuperNodes) continues from the checkpoint, the nodes bring their clients back to round 2, and
+    the results equal the simulator's, bit for bit."""
+    import signal
+    import threading
+
+    from fedtail.flower import FlowerError
+
+    config = algorithm_config("ditto", checkpoint_every=2, rounds=4, fraction=1.0)
+    dataset, partition = prepare(config)
+    reference = Simulation(config, dataset, partition).run()
+    folder, out = tmp_path / "flower", tmp_path / "run"
+    with LocalDeployment(folder, nodes=2) as deployment:
+        killed: list[int] = []
+
+        def kill_serverapp() -> None:
+            _wait_for_line(folder / "node-0.log", r"Receiving: train\.tasks", 3, RUN_TIMEOUT)  # round 3 began
+            assert (out / "checkpoint.pt").exists()
+            for pid in deployment.pids():
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                if "flwr-serverapp" in cmdline:
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
+
+        chaos = threading.Thread(target=kill_serverapp, daemon=True)
+        chaos.start()
+        with pytest.raises(FlowerError):
+            deployment.run(config, out, round_timeout=45, timeout=RUN_TIMEOUT)
+        chaos.join(timeout=5)
+        assert killed and not (out / "summary.json").exists()
+        assert json.loads((out / "checkpoint.json").read_text())["round"] == 2
+        summary = deployment.run(config, out, round_timeout=45, timeout=RUN_TIMEOUT, resume=True)
+    assert summary["final"] == json.loads(json.dumps(reference["final"]))
+    assert [p["from_round"] for p in summary["pieces"]] == [1, 3]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rows] == [1, 2, 3, 4]
+    assert flower_processes_under(tmp_path) == []
