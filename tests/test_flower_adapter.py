@@ -346,12 +346,19 @@ def test_certificates_chain_to_the_ca_and_node_keys_are_what_flower_reads(tmp_pa
 def test_flower_local_takes_every_run_flag_and_checks_them_before_starting(tmp_path):
     run_help = invoke("run", "--help").output
     local_help = invoke("flower", "local", "--help").output
-    flags = set(re.findall(r"(?<![\w-])--[a-z][a-z-]+", run_help)) - {"--resume"}
+    flags = set(re.findall(r"(?<![\w-])--[a-z][a-z-]+", run_help))
     assert len(flags) > 40 and flags <= set(re.findall(r"(?<![\w-])--[a-z][a-z-]+", local_help))
+    assert {"--resume", "--aggregate", "--byzantine", "--dp-clip"} <= flags
     result = invoke("flower", "local", "--nodes", "9", "--dataset", "synthetic", "--model", "mlp", "--clients", "6",
                     "--out", tmp_path / "r")  # fmt: skip
     assert result.exit_code == 2 and "--nodes 9 exceeds the 6 clients" in result.output
     assert not (tmp_path / "r" / "flower").exists()  # nothing was started
+    refused = invoke("flower", "local", "--nodes", "2", "--dataset", "synthetic", "--model", "mlp", "--clients", "6",
+                     "-a", "ifca", "--aggregate", "median", "--out", tmp_path / "r")  # fmt: skip
+    assert refused.exit_code == 2 and "ifca cannot take a robust rule" in refused.output
+    assert not (tmp_path / "r" / "flower").exists()
+    no_checkpoint = invoke("flower", "local", "--nodes", "2", "--resume", "--out", tmp_path / "empty")
+    assert no_checkpoint.exit_code == 2 and "holds no run" in no_checkpoint.output
 
 
 def test_a_plugin_algorithm_runs_on_flower_as_in_the_simulator(tmp_path, monkeypatch):

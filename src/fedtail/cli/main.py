@@ -148,7 +148,8 @@ def resolve_run(kwargs: dict[str, Any]) -> tuple[Any, tuple[dict[str, Any], list
     is a finished run unless --overwrite.
     """
     from fedtail.config import merge
-    from fedtail.components import build_config
+    from fedtail.components import algorithm, build_config
+    from fedtail.engine import guard
     from fedtail.report import is_finished
     from fedtail.runner import checkpoint_diffs
 
@@ -160,6 +161,7 @@ def resolve_run(kwargs: dict[str, Any]) -> tuple[Any, tuple[dict[str, Any], list
         raw = merge(_folder_config(out), raw)
     # A resumed run's config.json is read as stored: no reference settings are filled in.
     config = build_config(raw, kwargs["set_"], reference=not resume)
+    guard.check(config, algorithm(config.algorithm))  # --aggregate / --dp-clip the method cannot take: before anything starts
     if is_finished(out) and not overwrite:
         raise FedtailError(
             f"--out {out} already holds a finished (or diverged) run; pass --overwrite or choose another folder"
