@@ -235,3 +235,15 @@ def test_every_algorithm_says_whether_it_takes_the_rules_and_dp_and_a_refusal_is
                         "--rounds", "1", "--out", tmp_path / "x", *args)  # fmt: skip
         assert result.exit_code != 0 and message in result.output, (args, result.output)
         assert not (tmp_path / "x" / "summary.json").exists()
+
+
+def test_the_report_shows_the_rule_the_hostile_clients_and_the_epsilon_of_each_run(tmp_path):
+    for name, args in (("dp", ["--dp-clip", "0.5", "--dp-noise", "1"]), ("robust", ["-a", "ditto", "--aggregate", "median", "--byzantine", "1"])):
+        result = invoke("run", "--dataset", "synthetic", "--model", "mlp", "--clients", "6", "--fraction", "0.5",
+                        "--rounds", "2", "--out", tmp_path / "runs" / name, *args)  # fmt: skip
+        assert result.exit_code == 0, result.output
+    eps = json.loads((tmp_path / "runs" / "dp" / "summary.json").read_text())["privacy"]["epsilon"]
+    assert invoke("report", tmp_path / "runs", "--out", tmp_path / "R.md").exit_code == 0
+    text = (tmp_path / "R.md").read_text()
+    assert "## Robustness and privacy" in text and f"| {eps:.3g} |" in text
+    assert "| median | 1 (sign-flip) |" in text

@@ -229,6 +229,7 @@ class Simulation:
         """``summary.json`` of a run that :meth:`run` stopped with ``err``."""
         elapsed = time.perf_counter() - self.started
         summary = self.record.diverged(self.meter, elapsed, self.config.rounds, err.round, err.cause)
+        summary |= guard.run_summary(self.config, self.rounds_done)  # ε of the rounds it completed
         return summary | {"rounds_log": self.round_logs}  # the rounds after the last evaluation row
 
     def checkpoint_state(self, elapsed: float) -> dict[str, Any]:

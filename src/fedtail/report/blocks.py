@@ -47,6 +47,7 @@ from fedtail.report.tables import (
     METRICS,
     Reference,
     accuracy_table,
+    guard_table,
     has_segmentation_metrics,
     has_stage_metrics,
     incomplete_cells,
@@ -490,6 +491,24 @@ def clients_to_block(col: Collection, specs: Sequence[ClientsTo], level: int = 2
             "",
         ]
     return out
+
+
+def guard_block(col: Collection, level: int = 2) -> list[str]:
+    """Robust aggregation, hostile clients and client-level DP (``fedtail.engine.guard``) per run."""
+    table = guard_table(col)
+    if table is None:
+        return []
+    return [
+        f"{'#' * level} Robustness and privacy",
+        "",
+        "The run's `--aggregate` rule, its hostile clients (`--byzantine K`, `--byzantine-mode`), and under "
+        "client-level DP the noise multiplier z, the clipping norm C and the ε spent over the run at δ "
+        "(`summary.json` → `privacy.epsilon`: dp-accounting's RDP accountant; ∞ for z = 0, clipping only), with "
+        "the final personalised and global accuracy (%, mean over seeds; diverged runs are counted apart).",
+        "",
+        table,
+        "",
+    ]
 
 
 def ccp_block(col: Collection, level: int = 2) -> list[str]:

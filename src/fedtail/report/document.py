@@ -18,6 +18,7 @@ from fedtail.report.blocks import (
     Figure,
     accuracy_blocks,
     ccp_block,
+    guard_block,
     cells_note,
     code_line,
     machines_line,
@@ -88,6 +89,7 @@ def write_report(
 
     analyses = rounds_to_block(col, rounds_to) + clients_to_block(col, clients_to) + sensitivity_block(col, groups)
     analyses += ccp_block(col)
+    analyses += guard_block(col)
     text = _markdown(col, reference, paths, out, figures, title, command, report_command, result.warnings, analyses)
     out.write_text(text)
     return result

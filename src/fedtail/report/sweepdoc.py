@@ -29,6 +29,7 @@ from fedtail.report.blocks import (
     Figure,
     accuracy_blocks,
     ccp_block,
+    guard_block,
     cells_note,
     code_line,
     machines_line,
@@ -249,6 +250,7 @@ def _markdown(
         md += clients_to_block(sec.col, clients_to, level=3)
         md += sensitivity_block(sec.col, sensitivity_groups(sec.col), level=3)
         md += ccp_block(sec.col, level=3)
+        md += guard_block(sec.col, level=3)
         md += incomplete_block(sec.col, level=3)
         md += figures_block(figures, out, level=3, notes=notes)
 

@@ -401,3 +401,37 @@ def incomplete_cells(col: Collection) -> list[str]:
             n_expected = len(expected | done)
             lines.append(f"`{s}` / `{m}`: {len(done)} of {n_expected} seeds finished" + ("; " + "; ".join(why) if why else ""))
     return lines
+
+
+def guard_table(col: Collection) -> str | None:
+    """Methods × settings of runs with client-level DP, hostile clients or a robust rule (config →
+    ``privacy``, ``faults``; ``summary.json`` → ``privacy.epsilon``): the rule, the hostile clients,
+    z, C, ε at δ, and the final personalised and global accuracy, mean over seeds (diverged runs
+    counted apart); None without such runs."""
+    rows = []
+    for m in col.methods:
+        for s in col.settings:
+            runs, diverged = col.finished(s, m), col.diverged(s, m)
+            config = ((runs or diverged)[0].config or {}) if runs or diverged else {}
+            faults, privacy = config.get("faults") or {}, config.get("privacy") or {}
+            rule, hostile = faults.get("aggregate", "mean"), faults.get("byzantine", 0)
+            if not privacy and not hostile and rule == "mean":
+                continue
+            eps = [((r.summary or {}).get("privacy") or {}).get("epsilon") for r in runs]
+            eps = [e for e in eps if isinstance(e, (int, float))]
+            z = privacy.get("noise")
+            shown_eps = f"{_mean(eps):.3g}" if eps else ("∞" if z == 0 else DASH)
+            if privacy and z is None:
+                z = ((runs[0].summary or {}).get("privacy") or {}).get("noise_multiplier") if runs else None
+            fmt = lambda v: DASH if v is None else f"{v:g}"  # noqa: E731
+            rows.append([
+                m, s, rule, f"{hostile} ({faults.get('byzantine_mode', 'sign-flip')})" if hostile else "0",
+                fmt(z) if privacy else DASH, fmt(privacy.get("clip")) if privacy else DASH,
+                shown_eps if privacy else DASH, fmt(privacy.get("delta", 1e-5)) if privacy else DASH,
+                format_cell(cell(runs, "final")) + (f"; diverged ×{len(diverged)} (round {min(r.diverged for r in diverged)})" if diverged else ""),
+                format_cell(cell(runs, "final", "global_acc")),
+            ])  # fmt: skip
+    if not rows:
+        return None
+    header = ["method", "setting", "aggregate", "hostile clients", "z", "C", "ε", "δ", "final personalised", "final global"]
+    return markdown_table(header, rows, ["l", "l", "l", "l", "r", "r", "r", "r", "r", "r"])
