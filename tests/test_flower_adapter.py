@@ -116,6 +116,25 @@ def test_a_serverapp_that_died_resumes_from_its_checkpoint_with_the_simulators_r
     assert [p["from_round"] for p in resumed["pieces"]] == [1, 3]
 
 
+def test_a_run_that_dies_twice_resumes_twice_to_the_simulators_results(tmp_path):
+    """Dies in round 4 (checkpoint 2), resumes and dies in round 6 (checkpoint 4, written by the resumed
+    run), resumes again, with --checkpoint-every 0 the second time (no checkpoint after it is needed)."""
+    config = algorithm_config("ditto", rounds=7, checkpoint_every=2, eval_every=2)
+    summary, rows, _ = run_with_summary(config)
+    where = nodes(tmp_path, {"clients": "0-2"}, {"clients": "3-5"})
+    rc = run_config(config, tmp_path / "run")
+    with pytest.raises(RuntimeError, match="died"):
+        serve(DyingGrid(where, rc, run_id=1, die_in=4), rc, run_id=1)
+    with pytest.raises(RuntimeError, match="died"):
+        serve(DyingGrid(where, rc | {"resume": True}, run_id=2, die_in=6), rc | {"resume": True}, run_id=2)
+    assert json.loads((tmp_path / "run" / "checkpoint.json").read_text())["round"] == 4
+    last = run_config(config.model_copy(update={"checkpoint_every": 0}), tmp_path / "run") | {"resume": True}
+    resumed = serve(InProcessGrid(where, last, run_id=3), last, run_id=3)
+    assert strip_timing(rows_of(tmp_path / "run")) == as_json(strip_timing(rows))
+    assert resumed["final"] == json.loads(json.dumps(summary["final"]))
+    assert [p["from_round"] for p in resumed["pieces"]] == [1, 3, 5]
+
+
 def test_a_flower_checkpoint_is_not_resumed_by_the_simulator_nor_a_simulator_one_by_flower(tmp_path):
     from fedtail.engine import checkpoint
     from fedtail.engine.callbacks import Checkpointer
@@ -128,7 +147,7 @@ def test_a_flower_checkpoint_is_not_resumed_by_the_simulator_nor_a_simulator_one
         s, InProcessGrid(nodes(tmp_path, {"clients": "0-5"}), run_config(config, tmp_path / "r")), GridSettings(node_wait=2.0)))
     with pytest.raises(checkpoint.CheckpointError, match="simulator run"):
         grid_sim.restore(checkpoint.load(checkpoint.to_bytes(saved[0])))
-    flower_state = saved[0] | {"executor": {"state_run": 1, "to_confirm": [], "sent_tag": []}}
+    flower_state = saved[0] | {"executor": {"state_run": 1, "to_confirm": [], "sent_tag": [], "accepted": []}}
     with pytest.raises(checkpoint.CheckpointError, match="Flower run"):
         Simulation(config, *prepare(config)).restore(flower_state)
 
@@ -291,14 +310,16 @@ def test_a_node_keeps_the_states_a_resume_needs_and_goes_back_once_per_resume(tm
     assert list(store) == [0, 1] and store.load(0) == {"r": 6}
     store.prune(4)  # a checkpoint of round 4: round 4's state and the later ones stay
     assert sorted(p.name for p in store.dir.glob("client-0*")) == ["client-0.pending.pt", "client-0.pt", "client-0.r4-0.pt"]
-    assert store.restore(4, [], "token-a")
-    assert store.load(0) == {"r": 4} and 1 not in store  # client 1 had no state at round 4
+    assert store.restore({0: (4, 0), 1: None}, "token-a")  # the checkpoint's accepted tags; client 1 had none
+    assert store.load(0) == {"r": 4} and 1 not in store
     assert not list(store.dir.glob("*.pending.pt")) and not list(store.dir.glob("client-*.r*.pt"))
     store.hold(0, {"r": 5}, (5, 0))
     store.accept(0, (5, 0))
-    assert not store.restore(4, [], "token-a") and store.load(0) == {"r": 5}  # the same resume again: nothing
+    assert not store.restore({0: (4, 0)}, "token-a") and store.load(0) == {"r": 5}  # the same resume again: nothing
     store.hold(1, {"r": 6}, (6, 1))  # accepted in the checkpoint's round, not yet confirmed at the checkpoint
-    assert store.restore(6, [(1, (6, 1))], "token-b") and store.load(1) == {"r": 6}
+    assert store.restore({0: (5, 0), 1: (6, 1)}, "token-b") and store.load(1) == {"r": 6} and store.load(0) == {"r": 5}
+    with pytest.raises(FlowerError, match="client 0: its state of round 3"):
+        store.restore({0: (3, 0)}, "token-c")  # a version the node no longer has: an error, not a fresh start
 
 
 def test_pending_state_becomes_the_state_only_when_confirmed(tmp_path):

@@ -18,7 +18,7 @@ from fedtail.engine.simulation import Simulation
 from fedtail.errors import ConfigError, FedtailError
 from fedtail.flower.inprocess import InProcessGrid
 from fedtail.flower.server import serve
-from helpers import PACKAGED, invoke, run, run_with_summary, same, strip_timing
+from helpers import PACKAGED, invoke, run, run_with_summary, same, staged, strip_timing
 
 dp_accounting = pytest.importorskip("dp_accounting")  # `make test` installs the [dp] extra; CI runs these
 
@@ -203,6 +203,30 @@ def test_epsilon_matches_the_accountants_own_example():
     acc.compose(dp_accounting.SampledWithoutReplacementDpEvent(50, 10, dp_accounting.GaussianDpEvent(0.75)), 30)
     assert guard.epsilon(sub, 30) == pytest.approx(acc.get_epsilon(1e-5), rel=1e-9)
     assert guard.epsilon(sub, 10) < guard.epsilon(sub, 30)
+
+
+def test_with_nested_stages_the_rounds_of_one_draw_of_clients_compose_under_that_draw():
+    config = staged(stage_schedule="nested", rounds_per_stage=None, privacy={"clip": 1.0, "noise": 2.0})
+    m_stages, rounds = config.plan.num_stages, config.rounds
+    assert config.plan.schedule == "nested" and m_stages > 1 and rounds % m_stages == 0
+    n, m = config.partition.num_clients, config.clients_per_round
+    acc = dp_accounting.rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
+    draw = dp_accounting.SampledWithoutReplacementDpEvent(n, m, dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(1.0), m_stages))
+    acc.compose(draw, rounds // m_stages)
+    assert guard.epsilon(config, rounds) == pytest.approx(acc.get_epsilon(1e-5), rel=1e-9)
+    # the same rounds with a fresh draw each would claim less: the M rounds share their clients
+    flat = tiny_config(partition={"num_clients": n}, fraction=config.fraction, rounds=rounds, privacy={"clip": 1.0, "noise": 2.0})
+    assert flat.clients_per_round == m and guard.epsilon(flat, rounds) < guard.epsilon(config, rounds)
+    assert guard.epsilon(config, rounds - 1) < guard.epsilon(config, rounds)  # a partial round of global optimisation
+
+
+def test_a_hostile_fednova_client_corrupts_its_normalised_update_as_an_update():
+    config = tiny_config(algorithm="fednova", faults={"byzantine": 1, "byzantine_mode": "sign-flip"})
+    g = guard.ClientGuard.of(config)
+    assert g.updates
+    sent = Message("fit", {"w": torch.tensor([5.0, 5.0])})
+    reply = Message("fit", {"w": torch.tensor([0.5, -0.25])}, metrics={"a_norm": 3.0})
+    assert guard.outgoing(config, min(g.hostile), 1, sent, reply, g).tensors["w"].tolist() == pytest.approx([-0.5, 0.25])
 
 
 def test_dp_epsilon_picks_the_noise_that_spends_it_over_the_run():

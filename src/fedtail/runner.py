@@ -63,8 +63,8 @@ def run_to_folder(
 
     ``executor_factory(simulation)`` replaces the simulator's executor (a Flower deployment's,
     :mod:`fedtail.flower`); an executor with ``summary(summary)`` adds its own costs to
-    ``summary.json``. ``checkpoints=False`` writes none. An executor with ``state_dict`` /
-    ``load_state_dict`` (Flower's, whose nodes keep the client states) checkpoints and resumes its part too.
+    ``summary.json``. ``checkpoints=False`` writes none. An executor with ``checkpoint_state`` /
+    ``restore_checkpoint`` (Flower's, whose nodes keep the client states) checkpoints and resumes its part too.
     """
     from fedtail.engine import checkpoint, prepare
     from fedtail.engine.callbacks import Checkpointer, MetricsFile

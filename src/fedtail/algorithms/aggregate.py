@@ -21,6 +21,9 @@ during the round takes it, so an algorithm averages as it always did and the run
 The robust rules are translation-equivariant, so applied to uploaded models they equal the rule
 applied to the updates plus the model sent. They buffer the inputs (n copies of the upload).
 Integer tensors (BatchNorm's ``num_batches_tracked``) take the rule too and are rounded back.
+Median and trimmed mean are unweighted (a reply of a client without training samples, the model it
+was sent, counts as one input, where the mean gives it weight 0); Krum's choice is too, its mean of
+the M chosen is weighted.
 With client-level DP (``noise``), the mean is unweighted (a weight would scale one client's
 sensitivity) and Gaussian noise of standard deviation σ is added to the sum of the n inputs before
 dividing by n: with every input the model sent plus a clipped update, that is the sum of the updates
@@ -120,7 +123,7 @@ def _combine(rule: Rule, inputs: list[Tensors], weights: list[float]) -> dict[st
     if rule.kind == "krum":
         floating = [k for k in names if inputs[0][k].is_floating_point()]
         points = torch.stack([torch.cat([t[k].detach().reshape(-1).to(torch.float64) for k in floating]) for t in inputs])
-        dist = torch.cdist(points, points).square()
+        dist = torch.cdist(points, points, compute_mode="donot_use_mm_for_euclid_dist").square()  # exact, any n
         near = n - rule.f - 2  # the nearest others each input is scored by
         scores = dist.sort(dim=1).values[:, 1 : near + 1].sum(dim=1)  # column 0: the distance to itself
         chosen = sorted(scores.argsort(stable=True)[: rule.m].tolist())

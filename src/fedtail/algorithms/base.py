@@ -280,6 +280,9 @@ class Algorithm:
     # the sampled clients, so --aggregate's robust rules apply (fedtail.algorithms.aggregate); a
     # string: why not (``fedtail list``, and the error of a run that asks); False: not declared
     robust: bool | str = False
+    # "updates": the fit replies carry updates (FedNova's normalised d_i) under the names of the weights
+    # sent, not models; a hostile client (--byzantine) then corrupts them as updates of zero
+    uploads: Literal["models", "updates"] = "models"
     # True: every floating tensor a fit's reply uploads is an update of one the server sent, averaged
     # by WeightedMean, so client-level DP (--dp-clip, fedtail.engine.guard) clips and noises all of
     # it; a string: why not; False: not declared

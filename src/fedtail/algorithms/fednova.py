@@ -100,5 +100,6 @@ FEDNOVA = Algorithm(
     reference=Reference("the authors' code (JYWa/FedNova)", weight_decay=1e-4),
     tasks=("classification", "segmentation"),
     robust=True,
+    uploads="updates",
     dp="uploads normalised updates and step counts, whose mean is not of a model it was sent",
 )

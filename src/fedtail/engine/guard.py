@@ -12,8 +12,9 @@ the simulator and on a Flower node): a fit's reply tensors that update a tensor 
   algorithm that uploads one does not declare itself DP-compatible, ``Algorithm.dp``).
 - **Hostile clients**: ``--byzantine K`` clients, drawn once from the seed (:func:`hostile`), send
   ``sent − Δ`` (``sign-flip``), ``sent + S·Δ`` (``scale:S``) or ``sent + N(0, S²)`` (``gaussian:S``,
-  drawn from the task's seed) instead of ``sent + Δ``; a tensor the server did not send is treated as
-  an update of zeros. A hostile client corrupts what it sends after its own clipping. Its state
+  drawn from the task's seed) instead of ``sent + Δ``; a tensor the server did not send, and every
+  upload of an algorithm whose replies are updates already (``Algorithm.uploads``: FedNova's d_i), is
+  treated as an update of zeros. A hostile client corrupts what it sends after its own clipping. Its state
   (a personal model) stays honest: only the upload is corrupted.
 
 On the server (:func:`server_aggregation`, around each round of the server half): the rule
@@ -25,9 +26,18 @@ The run samples m of the N clients uniformly without replacement each round (a p
 so the privacy unit is one client's whole data under *replace-one* neighbouring: one client
 replaced changes the sum of clipped updates by at most 2C, and the event is
 ``SampledWithoutReplacementDpEvent(N, m, GaussianDpEvent(z / 2))`` composed once per round (Wang,
-Balle and Kasiviswanathan, AISTATS 2019, Thm. 27). Dropouts and rejected replies only remove
-participants, which does not raise ε. With ``--dp-epsilon E`` the accountant's
+Balle and Kasiviswanathan, AISTATS 2019, Thm. 27); with nested stage tasks the M rounds of one round
+of global optimisation share their clients, so each draw is ``SampledWithoutReplacement(N, m,
+SelfComposed(Gaussian(z / 2), M))``. Dropouts and replies rejected for reasons that do not depend
+on the data only remove participants. With ``--dp-epsilon E`` the accountant's
 ``calibrate_dp_mechanism`` picks z so the run's rounds spend E at δ.
+
+What ε covers: the sequence of noised means (the models the server computes). It assumes that the
+run's seed (which draws the clients and the noise) and the round logs (which name the sampled
+clients) stay secret, as a deployment's server keeps them; the per-round training losses, sample
+counts and evaluation metrics in ``metrics.jsonl`` are released without noise, and integer buffers
+(BatchNorm's ``num_batches_tracked``) are neither clipped nor noised. A non-finite update is not
+clipped (its reply is rejected as non-finite by the engine's checks).
 """
 
 from __future__ import annotations
@@ -130,14 +140,15 @@ def outgoing(config: RunConfig, cid: int, seed: int, sent: Message, reply: Messa
             )
         deltas = {k: tensors[k].to(torch.float64) - sent.tensors[k].to(torch.float64) for k in floating}
         norm = math.sqrt(sum(float(d.square().sum()) for d in deltas.values()))
-        factor = min(1.0, clip / norm) if norm > 0 else 1.0
+        factor = min(1.0, clip / norm) if 0 < norm < math.inf else 1.0  # NaN / inf: rejected downstream
         if factor < 1.0:
             for k in floating:
                 tensors[k] = (sent.tensors[k].to(torch.float64) + deltas[k] * factor).to(tensors[k].dtype)
     if cid in guard.hostile:
         generator = torch.Generator().manual_seed(seed ^ CORRUPT_KEY)
         for k in floating:
-            tensors[k] = guard.corruption.apply(sent.tensors.get(k), tensors[k], generator)
+            base = None if guard.updates else sent.tensors.get(k)  # an upload that is an update: of zero
+            tensors[k] = guard.corruption.apply(base, tensors[k], generator)
     return Message(reply.kind, tensors, dict(reply.config), dict(reply.metrics))
 
 
@@ -147,10 +158,14 @@ class ClientGuard:
 
     hostile: frozenset[int]
     corruption: Corruption
+    updates: bool = False  # the algorithm's replies carry updates, not models (Algorithm.uploads)
 
     @classmethod
     def of(cls, config: RunConfig) -> "ClientGuard":
-        return cls(hostile(config), Corruption.parse(config.faults.byzantine_mode))
+        from fedtail import components
+
+        updates = components.algorithm(config.algorithm).uploads == "updates"
+        return cls(hostile(config), Corruption.parse(config.faults.byzantine_mode), updates)
 
 
 # --- the server's side -------------------------------------------------------------------------
@@ -185,42 +200,61 @@ def _accountant() -> Any:
     return dp_accounting, rdp
 
 
-def _event(n: int, m: int, z: float) -> Any:
+def _event(n: int, m: int, z: float, k: int = 1) -> Any:
+    """One draw of m of n clients whose sum of clipped updates is noised ``k`` times (k rounds of one
+    round of global optimisation with nested stages: the same clients in each)."""
     dp_accounting, _ = _accountant()
-    return dp_accounting.SampledWithoutReplacementDpEvent(n, m, dp_accounting.GaussianDpEvent(z / 2))
+    gaussian = dp_accounting.GaussianDpEvent(z / 2)
+    return dp_accounting.SampledWithoutReplacementDpEvent(n, m, gaussian if k == 1 else dp_accounting.SelfComposedDpEvent(gaussian, k))
+
+
+def _draws(config: RunConfig, rounds: int) -> list[tuple[int, int]]:
+    """(k, count): the client draws of the first ``rounds`` rounds, each released k times. A client
+    draw is a round's (``sample_clients`` of its round of global optimisation): with nested stages
+    the M rounds of one round of global optimisation share it."""
+    plan = config.plan
+    per = plan.num_stages if plan.has_stages and plan.schedule == "nested" else 1
+    full, rest = divmod(rounds, per)
+    return [(k, c) for k, c in ((per, full), (rest, 1 if rest else 0)) if c]
 
 
 @functools.lru_cache(maxsize=64)
-def _round_rdp(n: int, m: int, z: float) -> tuple[np.ndarray, np.ndarray]:
-    """The accountant's RDP orders and one round's RDP at each (composition adds them up, so the
-    curve of ε over rounds costs one accountant computation)."""
+def _draw_rdp(n: int, m: int, z: float, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The accountant's RDP orders and the RDP of one draw at each (composition adds them up, so the
+    curve of ε over rounds costs one accountant computation per kind of draw)."""
     dp_accounting, rdp = _accountant()
     accountant = rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
-    accountant.compose(_event(n, m, z), 1)
+    accountant.compose(_event(n, m, z, k), 1)
     return np.asarray(accountant._orders, dtype=float), np.asarray(accountant._rdp, dtype=float)
 
 
-def _epsilon(n: int, m: int, z: float, rounds: int, delta: float) -> float:
+def _epsilon(config: RunConfig, z: float, rounds: int) -> float:
     _, rdp = _accountant()
-    orders, per_round = _round_rdp(n, m, z)
-    return float(rdp.rdp_privacy_accountant.compute_epsilon(orders, per_round * rounds, delta)[0])
+    n, m = config.partition.num_clients, config.clients_per_round
+    total, orders = 0.0, None
+    for k, count in _draws(config, rounds):
+        orders, per_draw = _draw_rdp(n, m, z, k)
+        total = total + per_draw * count
+    if orders is None:
+        return 0.0
+    return float(rdp.rdp_privacy_accountant.compute_epsilon(orders, total, config.privacy.delta)[0])
 
 
 @functools.lru_cache(maxsize=64)
-def _calibrate(n: int, m: int, rounds: int, epsilon: float, delta: float) -> float:
+def _calibrate(n: int, m: int, draws: tuple[tuple[int, int], ...], epsilon: float, delta: float) -> float:
     dp_accounting, rdp = _accountant()
 
     def fresh() -> Any:
         return rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
 
     def event(z: float) -> Any:
-        return dp_accounting.SelfComposedDpEvent(_event(n, m, z), rounds)
+        return dp_accounting.ComposedDpEvent([dp_accounting.SelfComposedDpEvent(_event(n, m, z, k), c) for k, c in draws])
 
     try:
         bracket = dp_accounting.LowerEndpointAndGuess(0.05, 2.0)  # z = 0 would divide by zero
         return float(dp_accounting.calibrate_dp_mechanism(fresh, event, epsilon, delta, bracket_interval=bracket, tol=1e-3))
     except Exception as err:  # the accountant's bracket search failed: say so with the setting
-        raise ConfigError(f"--dp-epsilon {epsilon}: no noise multiplier found for {rounds} rounds ({err})") from None
+        raise ConfigError(f"--dp-epsilon {epsilon}: no noise multiplier found for {sum(c for _, c in draws)} client draws ({err})") from None
 
 
 def noise_multiplier(config: RunConfig) -> float:
@@ -229,7 +263,8 @@ def noise_multiplier(config: RunConfig) -> float:
     if p.noise is not None:
         return float(p.noise)
     assert p.epsilon is not None
-    return _calibrate(config.partition.num_clients, config.clients_per_round, config.rounds, p.epsilon, p.delta)
+    n, m = config.partition.num_clients, config.clients_per_round
+    return _calibrate(n, m, tuple(_draws(config, config.rounds)), p.epsilon, p.delta)
 
 
 def epsilon(config: RunConfig, rounds: int) -> float:
@@ -237,7 +272,7 @@ def epsilon(config: RunConfig, rounds: int) -> float:
     z = noise_multiplier(config)
     if z == 0:
         return math.inf
-    return _epsilon(config.partition.num_clients, config.clients_per_round, z, rounds, config.privacy.delta)
+    return _epsilon(config, z, rounds)
 
 
 def run_summary(config: RunConfig, rounds: int) -> dict[str, Any]:

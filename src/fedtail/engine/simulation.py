@@ -249,7 +249,7 @@ class Simulation:
             "rows": enc(self.record.rows, "metrics rows"),
             "round_logs": enc(self.round_logs, "round logs"),
             "rng": checkpoint.rng_state(),
-        } | ({"executor": self.executor.state_dict()} if hasattr(self.executor, "state_dict") else {})
+        } | ({"executor": self.executor.checkpoint_state(self.rounds_done)} if hasattr(self.executor, "checkpoint_state") else {})
 
     def restore(self, state: dict[str, Any]) -> None:
         """Continue after the checkpoint ``state`` (of this run's config): :meth:`run` does the rest."""
@@ -269,12 +269,12 @@ class Simulation:
         self.rounds_done = state["round"]
         self.elapsed_before = state["elapsed_s"]
         checkpoint.set_rng_state(state["rng"])
-        if "executor" in state and not hasattr(self.executor, "load_state_dict"):
+        if "executor" in state and not hasattr(self.executor, "restore_checkpoint"):
             raise checkpoint.CheckpointError("the checkpoint is of a Flower run, whose client states are on its nodes: resume it on Flower")
-        if hasattr(self.executor, "load_state_dict"):  # a Flower deployment's: the nodes hold the client states
+        if hasattr(self.executor, "restore_checkpoint"):  # a Flower deployment's: the nodes hold the client states
             if "executor" not in state:
                 raise checkpoint.CheckpointError("the checkpoint is of a simulator run; a Flower run cannot resume from it")
-            self.executor.load_state_dict(state["executor"], state["round"])
+            self.executor.restore_checkpoint(state["executor"], state["round"])
 
     def run_round(self, rnd: int) -> None:
         """One round; a round with too few replies is undone (server and edge state as before it).

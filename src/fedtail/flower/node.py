@@ -34,10 +34,11 @@ the client goes on from its last accepted state, as in the simulator.
 --resume``): a confirmed state does not overwrite the one before it, which is kept as
 ``client-{cid}.r{round}-{call}.pt`` until the server says (``checkpointed``, in every message) that
 a checkpoint supersedes it: then only the newest state of round <= that checkpoint and those
-after it are kept. The resumed server's first message to a node says ``restore`` R, with the
-tags accepted but not yet confirmed at the checkpoint: the node confirms those, and every client
-goes back to its newest state of round <= R (none: no state), its later and pending states
-deleted. Each resume carries a token the node records, so a node that restarts later in the
+after it are kept. The resumed server's first message to a node says ``restore``, with the tag of
+every hosted client's last accepted reply at the checkpoint (part of the checkpoint): the node
+makes exactly that version the client's state (a pending one the checkpoint had yet to confirm,
+too; none: no state) and deletes the client's other versions; a version that is missing is an
+error, never a silent fresh start. Each resume carries a token the node records, so a node that restarts later in the
 resumed run does not go back twice. The state folder is named by the run's *first* run id
 (``state-run``), which the resumed run (a new Flower run) keeps.
 """
@@ -235,25 +236,30 @@ class StateStore(ClientStates):
             for path in older[:-1]:
                 path.unlink(missing_ok=True)
 
-    def restore(self, rnd: int, accepted: list[tuple[int, Tag]], token: str) -> bool:
-        """Every client back to its state after round ``rnd`` (``accepted``: the tags the checkpoint had
-        yet to confirm), once per ``token``; True when it was done now."""
+    def restore(self, accepted: dict[int, Tag | None], token: str) -> bool:
+        """Every client of ``accepted`` back to the state of its accepted tag at the checkpoint (None: no
+        state), every other version of it deleted; once per ``token``. True when it was done now."""
         marker = self.dir / f"restored-{token}"
         if marker.exists():
             return False
-        for cid, tag in accepted:
-            self.accept(cid, tag)
-        for path in self.dir.glob("client-*.pending.pt") if self.dir.is_dir() else ():
-            path.unlink()
-        for cid, versions in self._versions().items():
-            keep = [path for tag, path in versions if tag[0] <= rnd]
-            for tag, path in versions:
-                if tag[0] > rnd:
-                    path.unlink()
-            if keep and keep[-1] != self._path(cid):
-                os.replace(keep[-1], self._path(cid))
+        versions = self._versions()
+        for cid, tag in accepted.items():
+            found = [path for t, path in versions.get(cid, []) if tag is not None and t == tuple(tag)]
+            pending = self._read(self._path(cid, pending=True))
+            if not found and tag is not None and pending is not None and tuple(pending["tag"]) == tuple(tag):
+                found = [self._path(cid, pending=True)]
+            if tag is not None and not found:
+                raise FlowerError(
+                    f"client {cid}: its state of round {tag[0]} (call {tag[1]}), which the checkpoint needs, is not in {self.dir}"
+                )
+            if found and found[0] != self._path(cid):
+                os.replace(found[0], self._path(cid))
+            for _, path in versions.get(cid, []):
+                if path != self._path(cid) or not found:
+                    path.unlink(missing_ok=True)
+            self._path(cid, pending=True).unlink(missing_ok=True)
         self.dir.mkdir(parents=True, exist_ok=True)
-        marker.write_text(f"{rnd}\n")
+        marker.write_text("restored\n")
         return True
 
 
@@ -328,9 +334,10 @@ def run_tasks(content: Any, run_id: int, run_config: Any, node_config: Any) -> A
     node = node_runtime(str(run_config["config"]), settings)
     run = content.config_records["run"]
     store = StateStore(settings.state_dir, int(run["state-run"]))  # the first run's id: a resumed run keeps it
-    if str(run["restore-token"]):  # the ServerApp resumed from its checkpoint of round restore-round
-        accepted = [(int(c), (int(r), int(k))) for c, r, k in zip(run["restore-cids"], run["restore-rnds"], run["restore-calls"])]
-        store.restore(int(run["restore-round"]), accepted, str(run["restore-token"]))
+    if str(run["restore-token"]):  # the ServerApp resumed from its checkpoint: its accepted tags (round -1: none)
+        accepted = {int(c): (int(r), int(k)) if int(r) >= 0 else None
+                    for c, r, k in zip(run["restore-cids"], run["restore-rnds"], run["restore-calls"])}  # fmt: skip
+        store.restore(accepted, str(run["restore-token"]))
     confirm = content.config_records["confirm"]
     confirmed = []
     for cid, rnd, call in zip(confirm["cids"], confirm["rnds"], confirm["calls"]):

@@ -17,8 +17,8 @@ exchange and serve their clients from then on, with the state they kept on disk.
 
 **Checkpoints and resuming**: the run writes the simulator's checkpoint every ``--checkpoint-every``
 rounds (the server's state; the clients' states stay on the nodes), with this executor's own part
-(:meth:`GridExecutor.state_dict`: the run id naming the nodes' state folders, the accepted replies
-the nodes have yet to confirm). Every message tells the nodes the latest checkpoint's round, so
+(:meth:`GridExecutor.checkpoint_state`: the run id naming the nodes' state folders, every client's
+last accepted reply, those the nodes have yet to confirm). Every message tells the nodes the latest checkpoint's round, so
 they keep the client states a resume may need (:mod:`fedtail.flower.node`). A ServerApp started
 with ``resume`` continues from ``checkpoint.pt`` in the run folder, as ``fedtail run --resume``
 does, and its first message to each node tells it to bring its clients back to the checkpoint's
@@ -64,8 +64,10 @@ class GridExecutor:
         self.checkpoint_every = sim.config.checkpoint_every
         # names the nodes' state folders (default: the grid's run_id); a resumed run keeps its first run's
         self.state_run = int(getattr(grid, "run_id", 0) if run_id is None else run_id)
-        # after a resume: (round, token, accepted tags yet to confirm) for the nodes not yet told
-        self.restore: tuple[int, str, list[tuple[int, tuple[int, int]]]] | None = None
+        self.accepted: dict[int, tuple[int, int]] = {}  # client -> (round, call) of its last accepted reply
+        self.last_checkpoint: int | None = None  # round of the latest checkpoint written or resumed from
+        # after a resume: (round, token, the checkpoint's accepted tags) for the nodes not yet told
+        self.restore: tuple[int, str, dict[int, tuple[int, int]]] | None = None
         self.restored: set[int] = set()
         self.num_clients = sim.num_clients
         self.expected = {cid: fingerprint(sim.partition, cid) for cid in range(self.num_clients)}
@@ -189,31 +191,38 @@ class GridExecutor:
         """The state folder's run, the latest checkpoint's round, and the restore a resumed run owes ``node``."""
         from flwr.app import ConfigRecord
 
-        every = self.checkpoint_every
-        # the checkpoint of round C is written before round C + 1 starts; without checkpoints none is kept
-        checkpointed = (rnd - 1) // every * every if every else rnd - 1
-        restore = self.restore if self.restore is not None and node not in self.restored else None
-        rnd0, token, accepted = restore if restore is not None else (0, "", [])
+        if self.last_checkpoint is not None:
+            checkpointed = self.last_checkpoint
+        else:  # none yet: with --checkpoint-every 0 none will be, and no version is needed but the newest
+            checkpointed = 0 if self.checkpoint_every else rnd - 1
+        rnd0, token, accepted = (0, "", {})
+        if self.restore is not None and node not in self.restored:
+            rnd0, token, tags = self.restore
+            accepted = {cid: tags.get(cid, (-1, -1)) for cid in self.hosts.get(node, [])}
         return ConfigRecord({
             "state-run": self.state_run, "checkpointed": max(0, checkpointed), "restore-round": rnd0,
-            "restore-token": token, "restore-cids": [c for c, _ in accepted],
-            "restore-rnds": [t[0] for _, t in accepted], "restore-calls": [t[1] for _, t in accepted],
+            "restore-token": token, "restore-cids": list(accepted),
+            "restore-rnds": [t[0] for t in accepted.values()], "restore-calls": [t[1] for t in accepted.values()],
         })  # fmt: skip
 
-    def state_dict(self) -> dict[str, Any]:
-        """This executor's part of the run's checkpoint (module docstring)."""
+    def checkpoint_state(self, rnd: int) -> dict[str, Any]:
+        """This executor's part of the run's checkpoint after round ``rnd`` (module docstring); from the
+        next message on the nodes keep what a resume to ``rnd`` needs and may forget the rest."""
+        self.last_checkpoint = rnd
         return {
             "state_run": self.state_run,
             "to_confirm": sorted([cid, *tag] for cid, tag in self.to_confirm.items()),
             "sent_tag": sorted([cid, *tag] for cid, tag in self.sent_tag.items()),
+            "accepted": sorted([cid, *tag] for cid, tag in self.accepted.items()),
         }
 
-    def load_state_dict(self, state: dict[str, Any], rnd: int) -> None:
+    def restore_checkpoint(self, state: dict[str, Any], rnd: int) -> None:
         """Continue after the checkpoint of round ``rnd``: the nodes are told to go back to it."""
+        tags = lambda rows: {int(c): (int(r), int(k)) for c, r, k in rows}  # noqa: E731
         self.state_run = int(state["state_run"])
-        self.to_confirm = {int(c): (int(r), int(k)) for c, r, k in state["to_confirm"]}
-        self.sent_tag = {int(c): (int(r), int(k)) for c, r, k in state["sent_tag"]}
-        self.restore = (int(rnd), uuid.uuid4().hex, sorted(self.to_confirm.items()))
+        self.to_confirm, self.sent_tag, self.accepted = tags(state["to_confirm"]), tags(state["sent_tag"]), tags(state["accepted"])
+        self.last_checkpoint = int(rnd)
+        self.restore = (int(rnd), uuid.uuid4().hex, dict(self.accepted))
         self.restored = set()
         log.info("resuming after round %d: the nodes bring their clients' states back to it", rnd)
 
@@ -246,7 +255,7 @@ class GridExecutor:
 
     def commit(self, cid: int) -> None:
         """The engine accepted ``cid``'s reply: its node keeps the pending state (told with the next message)."""
-        self.to_confirm[cid] = self.sent_tag[cid]
+        self.to_confirm[cid] = self.accepted[cid] = self.sent_tag[cid]
 
     def close(self) -> None:
         pass
