@@ -829,8 +829,9 @@ def test_a_diverged_run_is_recorded_kept_and_rerun_only_when_asked(tmp_path):
     before = (wild.dir / "summary.json").stat().st_mtime_ns
     res = invoke("sweep", path, "--jobs", "1")  # nothing to run: the diverged run is kept
     assert res.exit_code == 0 and (wild.dir / "summary.json").stat().st_mtime_ns == before
-    res = invoke("sweep", path, "--jobs", "1", "--rerun-diverged")
+    res = invoke("sweep", path, "--jobs", "1", "--rerun-diverged", "--compress")
     assert res.exit_code == 0 and (wild.dir / "summary.json").stat().st_mtime_ns != before
+    assert (wild.dir / "partition.json.gz").is_file() and not (wild.dir / "partition.json").exists()  # final: compressed
 
     report = tmp_path / "report.md"
     res = invoke("report", "--sweep", path, "--out", report)

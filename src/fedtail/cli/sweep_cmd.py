@@ -85,7 +85,7 @@ def execute(
     """Run the selected pending (and, with ``force``, stale) runs; writes ``{out}/sweep.json`` if any.
 
     ``deadline`` (:func:`time.monotonic`): runs expected to end later are deferred (:class:`Runner`).
-    ``compress``: a run that finishes gets its records compressed (``compress_records``).
+    ``compress``: a run that finishes or diverges gets its records compressed (``compress_records``).
     """
     todo = to_run(statuses, sweep, force, rerun_diverged)
     if not todo:  # nothing changes: sweep.json keeps the record of the sweep that ran the runs
@@ -106,7 +106,7 @@ def execute(
         task = progress.add_task("runs", total=len(todo))
 
         def on_done(outcome: RunOutcome) -> None:
-            if compress and outcome.ok and not outcome.skipped:
+            if compress and (outcome.ok or outcome.diverged) and not outcome.skipped:  # a diverged run is final too
                 compress_records(outcome.run.dir)
             record.update(outcome)
             progress.console.print(describe_outcome(outcome), highlight=False, soft_wrap=True)
