@@ -32,9 +32,9 @@ def _hello(msg: Message, context: Context) -> Message:
 
 @client_app.train("tasks")
 def _train(msg: Message, context: Context) -> Message:
-    return Message(node.run_tasks(msg.content, context.run_id, context.run_config, context.node_config), reply_to=msg)
+    return Message(node.run_tasks(msg.content, context.run_config, context.node_config), reply_to=msg)
 
 
 @client_app.evaluate("tasks")
 def _evaluate(msg: Message, context: Context) -> Message:
-    return Message(node.run_tasks(msg.content, context.run_id, context.run_config, context.node_config), reply_to=msg)
+    return Message(node.run_tasks(msg.content, context.run_config, context.node_config), reply_to=msg)

@@ -317,7 +317,7 @@ def hello(run_config: Any, node_config: Any) -> dict[str, Any]:
     }
 
 
-def run_tasks(content: Any, run_id: int, run_config: Any, node_config: Any) -> Any:
+def run_tasks(content: Any, run_config: Any, node_config: Any) -> Any:
     """Answer a ``train.tasks`` / ``evaluate.tasks`` message: confirm states, run each client's task.
 
     ``content`` holds ``"run"`` (the state folder's run id, the latest checkpoint's round, a restore
