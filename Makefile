@@ -49,8 +49,11 @@ data: $(STAMP)
 demo: data
 	$(BIN)/fedtail compare --config configs/demo.toml --algorithms mupfl,ditto,fedavg,local --out runs/demo
 
+# The suite in parallel (pytest-xdist): one process per core, at most 8.
+TEST_JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 8 ] && n=8; echo $$n)
+
 test: data install-flower install-tracking install-dp
-	$(BIN)/python -m pytest -o addopts="" -q --ignore=tests/deployment
+	$(BIN)/python -m pytest -o addopts="" -q -n $(TEST_JOBS) --ignore=tests/deployment
 
 # Loopback Flower deployments (SuperLink + SuperNodes on 127.0.0.1: TLS, node keys, a killed node).
 test-flower: data install-flower
