@@ -7,6 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+from conftest import tiny_config
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -94,3 +97,29 @@ def test_the_gpu_benchmark_runs_through_on_the_cpu(tmp_path):
     assert segmentation["device"][0]["seconds_per_round"] > 0 and segmentation["device"][1]["workers"] == 2
     text = md.read_text()
     assert "### a. Engine throughput" in text and "| fedproto |" in text and "MuPFL Table II" in text
+
+
+def test_bavd_kept_records_the_mask_of_every_step_per_round(tmp_path):
+    """benchmarks/mupfl/bavd_kept.py on a tiny MuPFL run with BAVD on (rescaled): fractions, factors."""
+    config = tiny_config(algorithm="mupfl", rounds=2, options={"bavd": True, "num_features": 4, "tau": 1,
+                                                               "match_iterations": 2})  # fmt: skip
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(config.model_dump_json())
+    out = tmp_path / "kept.json"
+    subprocess.run([sys.executable, str(ROOT / "benchmarks/mupfl/bavd_kept.py"), str(run), "--out", str(out)],
+                   capture_output=True, text=True, check=True, timeout=300)  # fmt: skip
+    result = json.loads(out.read_text())
+    assert result["status"] == "finished" and [r["round"] for r in result["rounds"]] == [1, 2]
+    for r in result["rounds"]:
+        low, mid, high = r["kept_fraction_min_median_max"]
+        assert r["steps"] > 0 and 0 < low <= mid <= high < 1  # the mask drops something, keeps something
+        assert r["largest_rescaling_factor"] == pytest.approx(1 / low, rel=1e-2)
+        assert r["largest_activation_after_mask"] >= r["largest_activation_before_mask"]  # rescaled up
+
+
+def test_bavd_kept_refuses_a_run_without_bavd(tmp_path):
+    (tmp_path / "config.json").write_text(tiny_config(algorithm="mupfl").model_dump_json())
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks/mupfl/bavd_kept.py"), str(tmp_path)],
+                         capture_output=True, text=True)  # fmt: skip
+    assert res.returncode == 2 and "not a MuPFL run with BAVD on" in res.stderr
