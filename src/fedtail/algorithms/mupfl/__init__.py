@@ -77,7 +77,8 @@ personal reading each client then shares nothing but the federated features),
 
 - BAVD: off (``bavd = false``): no reading of Eq. 6 beat plain training on validation data; with
   it on, its sub-options default to the best reading found (mask from the current batch, C×H×W,
-  ψ −1, rescaled, last activation). Eq. 6 as written is ``bavd_map = "accumulated", psi_sign = 1,
+  ψ −1, rescaled, last activation; chosen at lr 0.005: at the paper's 0.01 it diverges, the rescaling
+  feeding on units that die, ``benchmarks/mupfl/README.md``). Eq. 6 as written is ``bavd_map = "accumulated", psi_sign = 1,
   bavd_rescale = false, bavd_layers = None``; ``bavd_map = "epoch" | "round"`` start the map again
   every local epoch or round and ``bavd_eval`` masks at evaluation too (:mod:`.bavd`). Without BAVD
   there are no maps, ACMU's Dist (Eq. 8) compares updates only and α has no effect.
