@@ -18,6 +18,7 @@ from fedtail.engine.simulation import Simulation
 from fedtail.errors import ConfigError, FedtailError
 from fedtail.flower.inprocess import InProcessGrid
 from fedtail.flower.server import serve
+import helpers
 from helpers import PACKAGED, invoke, run, run_with_summary, same, staged, strip_timing
 
 dp_accounting = pytest.importorskip("dp_accounting")  # `make test` installs the [dp] extra; CI runs these
@@ -55,7 +56,7 @@ def test_median_and_trimmed_mean_per_coordinate_against_hand_computed_values():
     assert mean_of(Rule("median"), values)["n"].dtype == torch.int64  # integer tensors come back as integers
 
 
-def test_krum_takes_the_input_nearest_its_neighbours_and_multi_krum_their_weighted_mean():
+def test_krum_takes_the_input_nearest_its_neighbours_and_multi_krum_their_unweighted_mean():
     honest = [[1.0, 1.0], [1.1, 0.9], [0.9, 1.2], [1.0, 0.75], [1.2, 1.0]]  # no tied scores
     values = honest + [[50.0, -50.0], [40.0, 40.0]]
     one = mean_of(Rule("krum", 2), values)["w"]
@@ -67,8 +68,9 @@ def test_krum_takes_the_input_nearest_its_neighbours_and_multi_krum_their_weight
     weights = [1, 2, 3, 4, 5, 100, 100]
     three = mean_of(Rule("krum", 2, 3), values, weights)["w"]
     chosen = d.argsort()[:3].tolist()
-    expect = sum(torch.tensor(values[i]) * weights[i] for i in chosen) / sum(weights[i] for i in chosen)
+    expect = sum(torch.tensor(values[i]) for i in chosen) / 3  # the weights (reported counts) do not count
     assert three.tolist() == pytest.approx(expect.tolist())
+    assert mean_of(Rule("krum", 2, 3), values)["w"].tolist() == pytest.approx(three.tolist())
     assert max(chosen) < len(honest)  # the hostile inputs are never chosen
 
 
@@ -144,13 +146,34 @@ def test_runs_with_hostile_clients_and_dp_are_the_same_with_workers_and_resume_b
     assert same(checkpoint.encode(resumed.server.state_dict()), checkpoint.encode(reference.server.state_dict()))
 
 
-def test_flower_gives_the_simulators_results_with_hostile_clients_a_robust_rule_and_dp(tmp_path):
+SECRET = 0x5EC2E7
+
+
+class Secret:
+    """A simulator's executor holding the DP secret a Flower server drew (``GridExecutor.privacy_secret``)."""
+
+    def __init__(self, executor) -> None:
+        self.executor, self.privacy_secret = executor, SECRET
+
+    def __getattr__(self, name):
+        return getattr(self.executor, name)
+
+
+def test_flower_gives_the_simulators_results_with_hostile_clients_a_robust_rule_and_dp(tmp_path, monkeypatch):
+    """The same results, DP included once the simulator draws from the Flower server's secret."""
+    from fedtail.engine.executors import make_executor
+    from fedtail.flower import server
+
+    monkeypatch.setattr(server.secrets, "randbits", lambda bits: SECRET)
     for k, extra in enumerate((
         {"faults": {"byzantine": 2, "byzantine_mode": "sign-flip", "aggregate": "trimmed:1"}},
         {"privacy": {"clip": 0.5, "noise": 1.0}, "faults": {"byzantine": 1}},
     )):
         config = tiny_config(checkpoint_every=0, **extra)
-        summary, rows, _ = run_with_summary(config)
+        rows: list[dict] = []
+        factory = None if k == 0 else (lambda sim: Secret(make_executor(sim.config, sim.dataset, sim.partition)))
+        sim = Simulation(config, *prepare(config), callbacks=[helpers.Rows(rows)], executor_factory=factory)
+        summary = sim.run()
         nodes = {100: {"state-dir": str(tmp_path / f"a{k}"), "clients": "0,1,2"}, 101: {"state-dir": str(tmp_path / f"b{k}"), "clients": "3,4,5"}}
         rc = {"config": config.model_dump_json(), "out": str(tmp_path / f"run{k}"), "round-timeout": 0.0, "node-wait": 2.0}
         flower = serve(InProcessGrid(nodes, rc), rc)
@@ -158,6 +181,52 @@ def test_flower_gives_the_simulators_results_with_hostile_clients_a_robust_rule_
         assert [r["personalized_acc"] for r in got] == [r["personalized_acc"] for r in rows]
         assert flower["final"] == json.loads(json.dumps(summary["final"]))
         assert flower.get("privacy") == summary.get("privacy") and flower.get("byzantine") == summary.get("byzantine")
+    assert flower["privacy"]["randomness"] == guard.SECRET
+
+
+class DyingGrid(InProcessGrid):
+    """A grid whose ServerApp's host dies at the first training push of round ``die_in``."""
+
+    def __init__(self, *args, die_in: int, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.die_in = die_in
+
+    def push_messages(self, messages):
+        messages = list(messages)
+        if messages and messages[0].metadata.message_type.startswith("train") and messages[0].metadata.group_id == str(self.die_in):
+            raise RuntimeError("the ServerApp's host died")
+        return super().push_messages(messages)
+
+
+def test_a_flower_dp_run_draws_its_clients_and_noise_from_a_secret_no_node_sees(tmp_path, monkeypatch):
+    """Under DP the Flower server draws from the operating system's randomness, not from the seed the
+    nodes hold; the secret is in its checkpoint only, and a resumed run draws from it again."""
+    from fedtail.flower import server
+
+    drawn = iter([11, 11, 12])  # an unstopped run, one that dies, its resumption (which must not use 12)
+    monkeypatch.setattr(server.secrets, "randbits", lambda bits: next(drawn))
+    config = tiny_config(rounds=4, checkpoint_every=2, eval_every=2, privacy={"clip": 0.5, "noise": 1.0})
+    summary, rows, _ = run_with_summary(config)
+    assert summary["privacy"]["randomness"] == guard.FROM_SEED
+
+    def folder(name: str) -> tuple[dict, dict]:
+        nodes = {100: {"state-dir": str(tmp_path / name / "a"), "clients": "0,1,2"},
+                 101: {"state-dir": str(tmp_path / name / "b"), "clients": "3,4,5"}}  # fmt: skip
+        return nodes, {"config": config.model_dump_json(), "out": str(tmp_path / name / "run"), "round-timeout": 0.0, "node-wait": 2.0}
+
+    nodes, rc = folder("whole")
+    flower = serve(InProcessGrid(nodes, rc), rc)
+    assert flower["privacy"]["randomness"] == guard.SECRET
+    got = [json.loads(line) for line in (tmp_path / "whole" / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["personalized_acc"] for r in got] != [r["personalized_acc"] for r in rows]  # not the seed's draws
+    nodes, rc = folder("died")
+    with pytest.raises(RuntimeError, match="died"):
+        serve(DyingGrid(nodes, rc, run_id=3, die_in=3), rc, run_id=3)
+    state = checkpoint.load(tmp_path / "died" / "run" / "checkpoint.pt")
+    assert state["round"] == 2 and state["executor"]["privacy_secret"] == 11
+    assert "privacy_secret" not in rc["config"] and "11" not in json.dumps(json.loads(rc["config"])["privacy"])
+    resumed = serve(InProcessGrid(nodes, rc | {"resume": True}, run_id=4), rc | {"resume": True}, run_id=4)
+    assert resumed["final"] == flower["final"]  # the checkpoint's secret, not the 12 the new server drew
 
 
 # --- client-level DP ------------------------------------------------------------------------------
@@ -235,7 +304,32 @@ def test_dp_epsilon_picks_the_noise_that_spends_it_over_the_run():
     assert 0.97 * 4.0 < guard.epsilon(config, 20) <= 4.0 and z > 1
     summary, rows, _ = run_with_summary(tiny_config(rounds=3, privacy={"clip": 1.0, "epsilon": 8.0}))
     assert summary["privacy"]["epsilon"] == pytest.approx(8.0, rel=0.03) and summary["privacy"]["delta"] == 1e-5
-    assert [r["epsilon"] for r in rows] == sorted(r["epsilon"] for r in rows)  # spent per round, growing
+    spent = [r["epsilon"] for r in rows]
+    assert len(spent) == 3 and all(a < b for a, b in zip(spent, spent[1:]))  # spent per round, growing
+    assert spent[-1] == pytest.approx(summary["privacy"]["epsilon"])
+    config = tiny_config(rounds=3, privacy={"clip": 1.0, "epsilon": 8.0})
+    assert spent == pytest.approx([guard.epsilon(config, r["round"]) for r in rows])
+
+
+def test_the_server_noises_each_mean_with_z_times_the_clip_and_the_noise_changes_the_run():
+    config = tiny_config(privacy={"clip": 0.25, "noise": 1.6})
+    with guard.server_aggregation(config, 1):
+        acc = WeightedMean()
+        plain = WeightedMean(plain=True)
+    assert acc.noise is not None and acc.noise.std == pytest.approx(1.6 * 0.25) and plain.noise is None
+    with guard.server_aggregation(tiny_config(), 1):
+        assert WeightedMean().noise is None
+    noised, _ = run(config)
+    clipped, _ = run(tiny_config(privacy={"clip": 0.25, "noise": 0.0}))
+    assert [r["personalized_acc"] for r in noised] != [r["personalized_acc"] for r in clipped]
+
+
+def test_dp_refuses_settings_that_drop_clients_for_what_their_data_did():
+    with pytest.raises(ConfigError, match="--on-nonfinite reject"):
+        tiny_config(privacy={"clip": 1.0, "noise": 1.0}, faults={"on_nonfinite": "reject"})
+    with pytest.raises(ConfigError, match="would reject clipped updates"):
+        tiny_config(privacy={"clip": 1.0, "noise": 1.0}, faults={"max_update_norm": 1.0})
+    assert tiny_config(privacy={"clip": 1.0, "noise": 1.0}, faults={"max_update_norm": 1.01}).faults.max_update_norm == 1.01
 
 
 def test_every_algorithm_says_whether_it_takes_the_rules_and_dp_and_a_refusal_is_one_error(tmp_path):

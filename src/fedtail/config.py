@@ -379,6 +379,14 @@ class RunConfig(BaseModel):
             raise ValueError(f"--byzantine {self.faults.byzantine} exceeds the {self.partition.num_clients} clients")
         if self.privacy.active and rule.kind != "mean":
             raise ValueError(f"--dp-clip averages with noise: it takes --aggregate mean (got {rule})")
+        # A reply rejected for what a client's data did changes n, which the accounting takes as public.
+        if self.privacy.active and self.faults.on_nonfinite == "reject":
+            raise ValueError("--dp-clip: --on-nonfinite reject drops a client for what its data did, which the privacy "
+                             "accounting does not cover; use stop")
+        bound, clip = self.faults.max_update_norm, self.privacy.clip
+        if self.privacy.active and bound is not None and clip is not None and bound < clip * (1 + 1e-3):
+            raise ValueError(f"--dp-clip {clip:g}: --max-update-norm {bound:g} would reject clipped updates (their norm "
+                             f"is up to {clip:g}, and a little more in float32); give at least {clip * (1 + 1e-3):.6g}")
         if self.faults.min_replies > self.clients_per_round:
             raise ValueError(
                 f"--min-replies {self.faults.min_replies} exceeds the {self.clients_per_round} clients sampled "

@@ -15,15 +15,14 @@ during the round takes it, so an algorithm averages as it always did and the run
   unweighted (Yin et al. 2018's trimmed mean); needs 2F + 1 inputs.
 - ``krum:F`` / ``krum:F:M``: Krum (Blanchard et al., NeurIPS 2017): each input scored by the summed
   squared L2 distances to its n − F − 2 nearest others (over every floating tensor at once), the
-  lowest-scored one taken; with M, multi-Krum: the weighted mean of the M lowest-scored; needs
-  2F + 3 inputs.
+  lowest-scored one taken; with M, multi-Krum: the unweighted mean of the M lowest-scored
+  (Blanchard et al.'s (1/M)·Σ; a weight is a sample count the client reports); needs 2F + 3 inputs.
 
 The robust rules are translation-equivariant, so applied to uploaded models they equal the rule
 applied to the updates plus the model sent. They buffer the inputs (n copies of the upload).
 Integer tensors (BatchNorm's ``num_batches_tracked``) take the rule too and are rounded back.
-Median and trimmed mean are unweighted (a reply of a client without training samples, the model it
-was sent, counts as one input, where the mean gives it weight 0); Krum's choice is too, its mean of
-the M chosen is weighted.
+Median, trimmed mean and Krum are unweighted (a reply of a client without training samples, the
+model it was sent, counts as one input, where the mean gives it weight 0).
 With client-level DP (``noise``), the mean is unweighted (a weight would scale one client's
 sensitivity) and Gaussian noise of standard deviation σ is added to the sum of the n inputs before
 dividing by n: with every input the model sent plus a clipped update, that is the sum of the updates
@@ -114,7 +113,7 @@ def aggregation(rule: Rule, noise: Noise | None = None) -> Iterator[None]:
         _ACTIVE.reset(token)
 
 
-def _combine(rule: Rule, inputs: list[Tensors], weights: list[float]) -> dict[str, torch.Tensor]:
+def _combine(rule: Rule, inputs: list[Tensors]) -> dict[str, torch.Tensor]:
     """The robust rule over buffered inputs, in float64."""
     n = len(inputs)
     if n < rule.min_inputs:
@@ -127,12 +126,8 @@ def _combine(rule: Rule, inputs: list[Tensors], weights: list[float]) -> dict[st
         near = n - rule.f - 2  # the nearest others each input is scored by
         scores = dist.sort(dim=1).values[:, 1 : near + 1].sum(dim=1)  # column 0: the distance to itself
         chosen = sorted(scores.argsort(stable=True)[: rule.m].tolist())
-        total = sum(weights[i] for i in chosen)
-        if total <= 0:
-            chosen_w = [1.0 / len(chosen)] * len(chosen)
-        else:
-            chosen_w = [weights[i] / total for i in chosen]
-        return {k: sum(inputs[i][k].detach().to(torch.float64) * w for i, w in zip(chosen, chosen_w)) for k in names}
+        share = 1.0 / len(chosen)  # unweighted: a sample count a hostile client reports cannot dominate
+        return {k: sum(inputs[i][k].detach().to(torch.float64) for i in chosen) * share for k in names}
     out = {}
     for k in names:
         stack = torch.stack([t[k].detach().to(torch.float64) for t in inputs]).sort(dim=0).values
@@ -159,7 +154,6 @@ class WeightedMean:
         self.total = 0.0
         self.count = 0
         self.inputs: list[Tensors] = []  # a robust rule's buffer
-        self.weights: list[float] = []
 
     def add(self, tensors: Tensors, weight: float) -> None:
         if weight < 0:
@@ -175,7 +169,6 @@ class WeightedMean:
         self.total += weight
         if self.rule.kind != "mean":
             self.inputs.append({k: v.detach() for k, v in tensors.items()})
-            self.weights.append(weight)
         elif not self.sums:
             for name, value in tensors.items():
                 self.sums[name] = value.detach().to(torch.float64) * weight
@@ -187,7 +180,7 @@ class WeightedMean:
         if self.rule.kind != "mean":
             if not self.inputs:
                 raise ValueError("robust aggregate of nothing (no clients)")
-            means = _combine(self.rule, self.inputs, self.weights)
+            means = _combine(self.rule, self.inputs)
         else:
             if self.total <= 0:
                 raise ValueError("weighted mean of nothing (no clients, or all weights zero)")

@@ -9,7 +9,9 @@ the simulator and on a Flower node): a fit's reply tensors that update a tensor 
 - **DP clipping** (DP-FedAvg, McMahan et al., ICLR 2018, Alg. 1 "ClipFn"): the client's whole update
   (every floating tensor it was sent and sends back, as one vector) is scaled to L2 norm at most C.
   A reply tensor it was not sent cannot be clipped: the run stops with an error naming it (an
-  algorithm that uploads one does not declare itself DP-compatible, ``Algorithm.dp``).
+  algorithm that uploads one does not declare itself DP-compatible, ``Algorithm.dp``). The clipped
+  update is cast back to the reply's dtype, so its norm may pass C by float32 rounding (a relative
+  few 10⁻⁶); the accounting takes 2C.
 - **Hostile clients**: ``--byzantine K`` clients, drawn once from the seed (:func:`hostile`), send
   ``sent − Δ`` (``sign-flip``), ``sent + S·Δ`` (``scale:S``) or ``sent + N(0, S²)`` (``gaussian:S``,
   drawn from the task's seed) instead of ``sent + Δ``; a tensor the server did not send, and every
@@ -29,12 +31,17 @@ replaced changes the sum of clipped updates by at most 2C, and the event is
 Balle and Kasiviswanathan, AISTATS 2019, Thm. 27); with nested stage tasks the M rounds of one round
 of global optimisation share their clients, so each draw is ``SampledWithoutReplacement(N, m,
 SelfComposed(Gaussian(z / 2), M))``. Dropouts and replies rejected for reasons that do not depend
-on the data only remove participants. With ``--dp-epsilon E`` the accountant's
+on the data only remove participants; the settings that would drop a client for what its data did
+are refused under DP (``--on-nonfinite reject``, a ``--max-update-norm`` below the clip). With ``--dp-epsilon E`` the accountant's
 ``calibrate_dp_mechanism`` picks z so the run's rounds spend E at δ.
 
-What ε covers: the sequence of noised means (the models the server computes). It assumes that the
-run's seed (which draws the clients and the noise) and the round logs (which name the sampled
-clients) stay secret, as a deployment's server keeps them; the per-round training losses, sample
+What ε covers: the sequence of noised means (the models the server computes), against anyone who
+does not know what drew the sampled clients and the noise. In the simulator that is the run's seed
+(the run is reproducible from it; ``summary.json`` ``privacy.randomness`` says so). A Flower
+deployment sends the seed to every node, which needs it to cut its data, so there the server draws
+a secret from the operating system at the run's start (``GridExecutor.privacy_secret``), keeps it in
+its checkpoint only, and draws both from it: no node can subtract the noise or tell who else was
+sampled. The round logs (which name the sampled clients) stay with the server; the per-round training losses, sample
 counts and evaluation metrics in ``metrics.jsonl`` are released without noise, and integer buffers
 (BatchNorm's ``num_batches_tracked``) are neither clipped nor noised. A non-finite update is not
 clipped (its reply is rejected as non-finite by the engine's checks).
@@ -61,6 +68,9 @@ if TYPE_CHECKING:
     from fedtail.config import RunConfig
 
 HOSTILE_KEY, CORRUPT_KEY, NOISE_KEY = 0xB12, 0xB13, 0xD9  # derive_seed keys
+# summary.json privacy.randomness: what drew the sampled clients and the noise (module docstring)
+SECRET = "the server's secret, drawn from the operating system and never sent to the nodes"
+FROM_SEED = "the run's seed (reproducible; the guarantee does not hold against whoever knows the seed)"
 
 
 @dataclass(frozen=True)
@@ -117,7 +127,8 @@ def check(config: RunConfig, spec: Algorithm) -> None:
     if config.privacy.active and spec.dp is not True:
         raise ConfigError(f"--dp-clip: {spec.name} {_why(spec.dp, 'client-level DP')}")
     if config.privacy.active:
-        noise_multiplier(config)  # the accountant is there, and --dp-epsilon has a z
+        _accountant()  # before any round: a run without the [dp] extra would fail at its first ε
+        noise_multiplier(config)  # --dp-epsilon has a z
 
 
 def _why(declared: bool | str, what: str) -> str:
@@ -172,15 +183,17 @@ class ClientGuard:
 
 
 @contextlib.contextmanager
-def server_aggregation(config: RunConfig, rnd: int) -> Iterator[None]:
-    """The run's rule and DP noise for the means of round ``rnd`` (noise drawn from (seed, round))."""
+def server_aggregation(config: RunConfig, rnd: int, seed: int | None = None) -> Iterator[None]:
+    """The run's rule and DP noise for the means of round ``rnd``: noise drawn from (``seed``, round),
+    ``seed`` the run's seed or the server's secret (module docstring)."""
     from fedtail.engine.context import derive_seed
 
     rule = Rule.parse(config.faults.aggregate)
     noise = None
     if config.privacy.active:
         std = noise_multiplier(config) * float(config.privacy.clip)
-        noise = Noise(std, torch.Generator().manual_seed(derive_seed(config.seed, NOISE_KEY, rnd)))
+        key = config.seed if seed is None else seed
+        noise = Noise(std, torch.Generator().manual_seed(derive_seed(key, NOISE_KEY, rnd)))
     if rule.kind == "mean" and noise is None:
         yield
         return
@@ -275,8 +288,9 @@ def epsilon(config: RunConfig, rounds: int) -> float:
     return _epsilon(config, z, rounds)
 
 
-def run_summary(config: RunConfig, rounds: int) -> dict[str, Any]:
-    """What ``summary.json`` adds: ``privacy`` under DP, ``byzantine`` (the hostile clients) with them."""
+def run_summary(config: RunConfig, rounds: int, secret: bool = False) -> dict[str, Any]:
+    """What ``summary.json`` adds: ``privacy`` under DP, ``byzantine`` (the hostile clients) with them;
+    ``secret``: the sampling and the noise came from the server's secret, not from the run's seed."""
     out: dict[str, Any] = {}
     if config.faults.byzantine:
         out["byzantine"] = {"clients": sorted(hostile(config)), "mode": config.faults.byzantine_mode}
@@ -290,5 +304,6 @@ def run_summary(config: RunConfig, rounds: int) -> dict[str, Any]:
             "rounds": rounds,
             "sampling": f"{config.clients_per_round} of {config.partition.num_clients} clients a round, uniformly without replacement",
             "accountant": "dp-accounting RDP, replace-one neighbouring, SampledWithoutReplacement(N, m, Gaussian(z/2))",
+            "randomness": SECRET if secret else FROM_SEED,
         }
     return out

@@ -188,6 +188,17 @@ class Simulation:
         # The clients' data views by round (stage runs: the seen-stage data of the global model's A_global).
         self.views = runtime.views if runtime else Views(config, self.partition, self.dataset)
 
+    @property
+    def privacy_seed(self) -> int:
+        """What draws the sampled clients and the DP noise: the run's seed, or the secret of an executor
+        whose clients are remote (``privacy_secret``: a Flower deployment's under DP, which the nodes
+        never see; :mod:`fedtail.engine.guard`)."""
+        return self.config.seed if self._secret is None else int(self._secret)
+
+    @property
+    def _secret(self) -> int | None:
+        return getattr(self.executor, "privacy_secret", None)
+
     # -----------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
         """The remaining rounds (all, or those after a restored checkpoint); returns the summary."""
@@ -209,7 +220,7 @@ class Simulation:
             self.executor.close()
             self.client_state.close()  # a disk store's folder goes with the run
         summary = self.record.summary(self.meter, time.perf_counter() - start, config.rounds)
-        summary |= guard.run_summary(config, self.rounds_done)
+        summary |= guard.run_summary(config, self.rounds_done, self._secret is not None)
         for cb in self.callbacks:
             cb.on_run_end(self, summary)
         return summary
@@ -229,7 +240,7 @@ class Simulation:
         """``summary.json`` of a run that :meth:`run` stopped with ``err``."""
         elapsed = time.perf_counter() - self.started
         summary = self.record.diverged(self.meter, elapsed, self.config.rounds, err.round, err.cause)
-        summary |= guard.run_summary(self.config, self.rounds_done)  # ε of the rounds it completed
+        summary |= guard.run_summary(self.config, self.rounds_done, self._secret is not None)  # ε so far
         return summary | {"rounds_log": self.round_logs}  # the rounds after the last evaluation row
 
     def checkpoint_state(self, elapsed: float) -> dict[str, Any]:
@@ -282,14 +293,14 @@ class Simulation:
         Raises :class:`RunDiverged` when a reply, the server's state or the edges' state holds NaN / inf.
         """
         # With nested stages the clients of a round of global optimisation train all its stage tasks.
-        clients = sample_clients(self.config.seed, self.config.plan.global_round(rnd), self.num_clients,
+        clients = sample_clients(self.privacy_seed, self.config.plan.global_round(rnd), self.num_clients,
                                  self.config.clients_per_round)
         self.server_ctx.set_stage(self.config.plan.stage_of(rnd))
         comm = SimComm(self, rnd, clients)
         before = copy.deepcopy((checkpoint.encode(self.server.state_dict()), checkpoint.encode(self.edge.state_dict())))
         start = time.perf_counter()
         try:
-            with guard.server_aggregation(self.config, rnd):  # --aggregate, DP noise (fedtail.engine.guard)
+            with guard.server_aggregation(self.config, rnd, self.privacy_seed):  # --aggregate, DP noise (engine.guard)
                 self.server.run_round(rnd, clients, comm)
         except RoundSkipped as skip:
             self.server.load_state_dict(checkpoint.decode(before[0]))

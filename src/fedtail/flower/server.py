@@ -24,17 +24,24 @@ with ``resume`` continues from ``checkpoint.pt`` in the run folder, as ``fedtail
 does, and its first message to each node tells it to bring its clients back to the checkpoint's
 round: the rounds after it run again from the same state, with the same seeds, so the results
 are an unstopped run's.
+
+**Client-level DP**: the nodes receive the run's config, seed included (they cut their data with
+it), so under ``--dp-clip`` the sampled clients and the noise are drawn from a secret the executor
+draws from the operating system (``privacy_secret``) and keeps in the checkpoint: a DP deployment
+is not reproducible from its seed, and equals the simulator's run given the same secret.
 """
 
 from __future__ import annotations
 
 import logging
+import secrets
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
+from fedtail.engine.checkpoint import CheckpointError
 from fedtail.engine.executors import Result, Task
 from fedtail.flower import FlowerError
 from fedtail.flower.codec import get_message, put_message, wire_bytes
@@ -69,6 +76,9 @@ class GridExecutor:
         # after a resume: (round, token, the checkpoint's accepted tags) for the nodes not yet told
         self.restore: tuple[int, str, dict[int, tuple[int, int]]] | None = None
         self.restored: set[int] = set()
+        # under client-level DP: what draws the sampled clients and the noise instead of the run's seed,
+        # which every node holds (fedtail.engine.guard); in the server's checkpoint only
+        self.privacy_secret: int | None = secrets.randbits(63) if sim.config.privacy.active else None
         self.num_clients = sim.num_clients
         self.expected = {cid: fingerprint(sim.partition, cid) for cid in range(self.num_clients)}
         self.hosts: dict[int, list[int]] = {}  # node id -> the clients it hosts
@@ -214,13 +224,17 @@ class GridExecutor:
             "to_confirm": sorted([cid, *tag] for cid, tag in self.to_confirm.items()),
             "sent_tag": sorted([cid, *tag] for cid, tag in self.sent_tag.items()),
             "accepted": sorted([cid, *tag] for cid, tag in self.accepted.items()),
-        }
+        } | ({"privacy_secret": self.privacy_secret} if self.privacy_secret is not None else {})
 
     def restore_checkpoint(self, state: dict[str, Any], rnd: int) -> None:
         """Continue after the checkpoint of round ``rnd``: the nodes are told to go back to it."""
         tags = lambda rows: {int(c): (int(r), int(k)) for c, r, k in rows}  # noqa: E731
         self.state_run = int(state["state_run"])
         self.to_confirm, self.sent_tag, self.accepted = tags(state["to_confirm"]), tags(state["sent_tag"]), tags(state["accepted"])
+        if self.privacy_secret is not None:  # the rounds after the checkpoint draw from the run's secret
+            if "privacy_secret" not in state:
+                raise CheckpointError("the checkpoint holds no DP secret: it is not of this DP run")
+            self.privacy_secret = int(state["privacy_secret"])
         self.last_checkpoint = int(rnd)
         self.restore = (int(rnd), uuid.uuid4().hex, dict(self.accepted))
         self.restored = set()
