@@ -129,6 +129,49 @@ def test_robust_rules_withstand_hostile_clients_that_break_the_mean():
         assert final(aggregate=rule, **attacked) > broken + 0.3, rule
 
 
+def test_per_class_statistics_take_the_rule_class_by_class_over_their_holders():
+    from fedtail.algorithms.federated_features import ClassGradientMean
+    from fedtail.algorithms.prototypes import ClassMean
+
+    # 5 clients, 3 classes of 2 features; class 0 held by all (client 4 hostile), class 1 by two only,
+    # class 2 by three; trimmed:1 needs 3 holders
+    means = torch.tensor([[[1.0, 2.0], [5.0, 5.0], [1.0, 1.0]],
+                          [[2.0, 2.0], [7.0, 7.0], [2.0, 4.0]],
+                          [[3.0, 2.0], [0.0, 0.0], [3.0, 9.0]],
+                          [[4.0, 2.0], [0.0, 0.0], [0.0, 0.0]],
+                          [[900.0, -900.0], [0.0, 0.0], [0.0, 0.0]]])  # fmt: skip
+    counts = torch.tensor([[3, 2, 1], [1, 4, 2], [2, 0, 5], [6, 0, 0], [1, 0, 0]])
+    with aggregation(Rule("trimmed", 1)):
+        protos, grads = ClassMean("weighted"), ClassGradientMean()
+    for m, c in zip(means, counts):
+        protos.add(m, c)
+        grads.add({"weight": m, "bias": m[:, 0]}, c > 0)
+    got, present = protos.result()
+    assert present.tolist() == [True, False, True]  # class 1: two holders cannot outvote one hostile
+    assert got[0].tolist() == pytest.approx([3.0, 2.0])  # 900 and 1 dropped (per coordinate), unweighted
+    assert got[2].tolist() == pytest.approx([2.0, 4.0]) and got[1].tolist() == [0.0, 0.0]
+    g, held = grads.result()
+    assert held.tolist() == [True, False, True] and g["weight"].flatten().tolist() == pytest.approx(got.flatten().tolist())
+    assert g["bias"].tolist() == pytest.approx([3.0, 0.0, 2.0]) and g["weight"].dtype == torch.float32
+    with aggregation(Rule("trimmed", 1)):
+        plain = ClassMean("uniform", plain=True)
+    for m, c in zip(means, counts):
+        plain.add(m, c)
+    assert plain.result()[0][0].tolist() == pytest.approx([182.0, -178.4])  # the plain mean, broken
+
+
+def test_gldp_and_creff_resist_hostile_prototypes_and_gradients_under_a_robust_rule():
+    for name in ("gldp", "creff"):
+        base = dict(algorithm=name, partition={"num_clients": 8, "alpha": 100.0}, fraction=1.0, rounds=2, checkpoint_every=0)
+        rows, sim = run(tiny_config(**base, faults={"byzantine": 2, "byzantine_mode": "scale:-1000", "aggregate": "median"}))
+        assert all(math.isfinite(r["personalized_acc"]) for r in rows), name
+        if name == "gldp":
+            protos = sim.server.protos
+            assert protos is not None and float(protos.abs().max()) < 100  # hostile prototypes (x -1000) left out
+    with pytest.raises(ConfigError, match="fedic cannot take a robust rule: its server distils"):
+        guard.check(tiny_config(algorithm="fedic", faults={"aggregate": "median"}), ALGORITHMS["fedic"])
+
+
 def test_runs_with_hostile_clients_and_dp_are_the_same_with_workers_and_resume_bit_identically():
     config = tiny_config(
         faults={"byzantine": 1, "byzantine_mode": "gaussian:0.5", "aggregate": "mean"},

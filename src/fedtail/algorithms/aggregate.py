@@ -29,9 +29,11 @@ dividing by n: with every input the model sent plus a clipped update, that is th
 plus noise (DP-FedAvg, McMahan et al., ICLR 2018).
 
 A mean of per-class statistics, not of models (prototypes, CReFF's gradients), uses
-:class:`~fedtail.algorithms.prototypes.ClassMean` and friends, which the rule does not touch;
-``WeightedMean(plain=True)`` is a mean the rule does not touch either (an algorithm's server-side
-combination of its own models).
+:class:`~fedtail.algorithms.prototypes.ClassMean` or
+:class:`~fedtail.algorithms.federated_features.ClassGradientMean`; under a robust rule they apply it
+class by class over the class's holders (:func:`per_class`), and a class with fewer holders than
+the rule needs is left out of the round. ``WeightedMean(plain=True)`` is a mean the rule does not
+touch (an algorithm's server-side combination of its own models).
 """
 
 from __future__ import annotations
@@ -207,3 +209,30 @@ def weighted_mean(items: Iterable[tuple[Tensors, float]]) -> Tensors:
     for tensors, weight in items:
         acc.add(tensors, weight)
     return acc.result()
+
+
+def active_rule(plain: bool = False) -> Rule:
+    """The rule of the round being aggregated (``plain``: the mean), for per-class statistics."""
+    return MEAN if plain else _ACTIVE.get()[0]
+
+
+def per_class(rule: Rule, inputs: list[tuple[Tensors, torch.Tensor]]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """A robust rule applied class by class to per-class statistics (prototypes, class gradients).
+
+    ``inputs``: per client, tensors whose first dimension is the class, and the (C,) mask of the
+    classes it holds. For each class the rule runs over its holders' rows, unweighted; a class held
+    by fewer clients than the rule needs (``Rule.min_inputs``) is not present (float64 zeros), so a
+    hostile holder cannot move a class that too few honest ones vouch for.
+    """
+    first = inputs[0][0]
+    out = {k: torch.zeros(v.shape, dtype=torch.float64, device=v.device) for k, v in first.items()}
+    classes = len(inputs[0][1])
+    present = torch.zeros(classes, dtype=torch.bool)
+    for c in range(classes):
+        rows = [{k: t[k][c] for k in first} for t, held in inputs if bool(held[c])]
+        if len(rows) < rule.min_inputs or not rows:
+            continue
+        for k, v in _combine(rule, rows).items():
+            out[k][c] = v
+        present[c] = True
+    return out, present

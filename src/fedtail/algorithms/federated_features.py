@@ -41,6 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedtail.algorithms.aggregate import active_rule, per_class
 from fedtail.algorithms.base import shuffled, to_like
 from fedtail.data.base import Dataset
 from fedtail.models.base import SplitModel
@@ -244,15 +245,23 @@ class ClassGradientMean:
 
     Uniform, not sample-weighted: every holder counts once, as in the authors' code. Sums in
     float64 so the result does not depend on the order clients arrive in (beyond rounding).
+    Under the run's robust rule (made during a round, ``--aggregate``): the rule per class over its
+    holders (:func:`~fedtail.algorithms.aggregate.per_class`); ``plain``: always the mean.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, plain: bool = False) -> None:
+        self.rule = active_rule(plain)
+        self.inputs: list[tuple[dict[str, torch.Tensor], torch.Tensor]] = []  # a robust rule's buffer
         self.sums: Tensors = {}
         self.counts: torch.Tensor | None = None
         self.dtypes: dict[str, torch.dtype] = {}
 
     def add(self, grads: Mapping[str, torch.Tensor], present: torch.Tensor) -> None:
         mask = present.to(torch.bool)
+        if self.rule.kind != "mean":
+            self.dtypes = self.dtypes or {name: g.dtype for name, g in grads.items()}
+            self.inputs.append(({k: g.detach() for k, g in grads.items()}, mask))
+            return
         if self.counts is None:
             self.counts = torch.zeros(len(mask), dtype=torch.int64, device=mask.device)
             for name, g in grads.items():
@@ -265,6 +274,9 @@ class ClassGradientMean:
             self.sums[name][mask] += g[mask].to(torch.float64)
 
     def result(self) -> tuple[Tensors, torch.Tensor]:
+        if self.inputs:
+            means, held = per_class(self.rule, self.inputs)
+            return {k: v.to(self.dtypes[k]) for k, v in means.items()}, held.to(self.inputs[0][1].device)
         if self.counts is None:
             raise ValueError("mean of no class gradients")
         held = self.counts > 0
@@ -283,7 +295,7 @@ def mean_class_gradients(
     ``items`` are ``(grads, present)`` pairs as :func:`class_gradients` returns them; the result
     has the same layout, ``present`` being the union.
     """
-    acc = ClassGradientMean()
+    acc = ClassGradientMean(plain=True)
     for grads, present in items:
         acc.add(grads, present)
     return acc.result()

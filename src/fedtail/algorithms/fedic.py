@@ -454,5 +454,5 @@ FEDIC = Algorithm(
     personal_model=False,
     reference=Reference("the authors' code (FEDIC, on CReFF-FL's code base)"),
     why_not={"segmentation": "its server-side ensemble distillation and logit calibration are of per-sample logits"},
-    robust=True,
+    robust="its server distils the global model from an ensemble of every client's model, which no aggregation rule covers",
 )

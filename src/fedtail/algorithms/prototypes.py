@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Literal
 
 import torch
 
+from fedtail.algorithms.aggregate import active_rule, per_class
 from fedtail.algorithms.base import class_counts
 
 if TYPE_CHECKING:
@@ -106,17 +107,24 @@ class ClassMean:
 
     ``weighted``: client k's mean of class c counts with its number of samples n_k^c, giving
     Σ_k n_k^c m_k^c / Σ_k n_k^c (the mean over the pooled samples); ``uniform``: every holder
-    counts once, Σ_{k: n_k^c > 0} m_k^c / |{k: n_k^c > 0}|.
+    counts once, Σ_{k: n_k^c > 0} m_k^c / |{k: n_k^c > 0}|. Under the run's robust rule (made
+    during a round, ``--aggregate``): the rule per class over its holders, unweighted
+    (:func:`~fedtail.algorithms.aggregate.per_class`); ``plain``: always the mean.
     """
 
-    def __init__(self, weighting: Weighting = "weighted") -> None:
+    def __init__(self, weighting: Weighting = "weighted", plain: bool = False) -> None:
         if weighting not in ("weighted", "uniform"):
             raise ValueError(f"unknown weighting {weighting!r}")
         self.weighting = weighting
+        self.rule = active_rule(plain)
+        self.inputs: list[tuple[dict[str, torch.Tensor], torch.Tensor]] = []  # a robust rule's buffer
         self.sums: torch.Tensor | None = None
         self.weights: torch.Tensor | None = None
 
     def add(self, means: torch.Tensor, counts: torch.Tensor) -> None:
+        if self.rule.kind != "mean":
+            self.inputs.append(({"m": means.detach()}, counts > 0))
+            return
         w = counts.to(torch.float64) if self.weighting == "weighted" else (counts > 0).to(torch.float64)
         term = means.detach().to(torch.float64) * w.unsqueeze(1)
         if self.sums is None:
@@ -127,6 +135,9 @@ class ClassMean:
 
     def result(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Float32 global means (zero rows where no client holds the class) and the present mask."""
+        if self.inputs:
+            means, present = per_class(self.rule, self.inputs)
+            return means["m"].to(torch.float32), present.to(means["m"].device)
         if self.sums is None or self.weights is None:
             raise ValueError("class mean of nothing (no clients)")
         present = self.weights > 0
