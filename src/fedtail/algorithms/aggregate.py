@@ -17,6 +17,8 @@ during the round takes it, so an algorithm averages as it always did and the run
   squared L2 distances to its n − F − 2 nearest others (over every floating tensor at once), the
   lowest-scored one taken; with M, multi-Krum: the unweighted mean of the M lowest-scored
   (Blanchard et al.'s (1/M)·Σ; a weight is a sample count the client reports); needs 2F + 3 inputs.
+  Krum chooses per mean (and per class, below): a method that averages two groups of tensors
+  apart (GLDP's shared body and its classifiers) may take them from different clients.
 
 The robust rules are translation-equivariant, so applied to uploaded models they equal the rule
 applied to the updates plus the model sent. They buffer the inputs (n copies of the upload).
