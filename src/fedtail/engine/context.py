@@ -39,7 +39,14 @@ from fedtail.partition import Partition
 
 
 def derive_seed(*keys: int) -> int:
-    """A 63-bit seed from integer keys; the same keys give the same seed in any process."""
+    """A 63-bit seed from integer keys; the same keys give the same seed in any process.
+
+    The keys are ``SeedSequence`` entropy, in which trailing zeros do not count: ``(s, a, b)`` and
+    ``(s, a, b, 0)`` give one seed, so a fixed key can meet a task's ``(seed, round, call, client 0)``
+    (round r's DP noise in the simulator, key 0xD9, is client 0's task seed at round 217, call r).
+    The streams that meet feed unrelated draws; the keys stay, since new ones would change every
+    committed result.
+    """
     return int(np.random.SeedSequence([int(k) for k in keys]).generate_state(2, np.uint64)[0] >> 1)
 
 
