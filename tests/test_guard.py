@@ -160,16 +160,43 @@ def test_per_class_statistics_take_the_rule_class_by_class_over_their_holders():
     assert plain.result()[0][0].tolist() == pytest.approx([182.0, -178.4])  # the plain mean, broken
 
 
-def test_gldp_and_creff_resist_hostile_prototypes_and_gradients_under_a_robust_rule():
+def test_gldp_and_creff_resist_hostile_prototypes_and_gradients_under_a_robust_rule(monkeypatch):
+    from fedtail.algorithms import federated_features
+
+    seen: list[float] = []  # the largest class gradient each round's server mean gives CReFF
+    result = federated_features.ClassGradientMean.result
+
+    def recorded(self):
+        out = result(self)
+        seen.append(max(float(v.abs().max()) for v in out[0].values()))
+        return out
+
+    monkeypatch.setattr(federated_features.ClassGradientMean, "result", recorded)
+    largest = {}
     for name in ("gldp", "creff"):
-        base = dict(algorithm=name, partition={"num_clients": 8, "alpha": 100.0}, fraction=1.0, rounds=2, checkpoint_every=0)
-        rows, sim = run(tiny_config(**base, faults={"byzantine": 2, "byzantine_mode": "scale:-1000", "aggregate": "median"}))
-        assert all(math.isfinite(r["personalized_acc"]) for r in rows), name
-        if name == "gldp":
-            protos = sim.server.protos
-            assert protos is not None and float(protos.abs().max()) < 100  # hostile prototypes (x -1000) left out
+        for rule in ("mean", "median"):
+            seen.clear()
+            base = dict(algorithm=name, partition={"num_clients": 8, "alpha": 100.0}, fraction=1.0, rounds=2, checkpoint_every=0)
+            rows, sim = run(tiny_config(**base, faults={"byzantine": 2, "byzantine_mode": "scale:-1000", "aggregate": rule}))
+            assert all(math.isfinite(r["personalized_acc"]) for r in rows), (name, rule)
+            largest[name, rule] = float(sim.server.protos.abs().max()) if name == "gldp" else max(seen)
+    for name in ("gldp", "creff"):  # the plain mean takes the hostile uploads (x -1000), the median leaves them out
+        assert largest[name, "median"] * 100 < largest[name, "mean"], (name, largest)
     with pytest.raises(ConfigError, match="fedic cannot take a robust rule: its server distils"):
         guard.check(tiny_config(algorithm="fedic", faults={"aggregate": "median"}), ALGORITHMS["fedic"])
+
+
+def test_a_flower_node_checks_no_accountant_the_server_does(monkeypatch):
+    from fedtail.engine import prepare
+
+    def missing():
+        raise ConfigError("--dp-clip needs Google's dp-accounting")
+
+    monkeypatch.setattr(guard, "_accountant", missing)
+    config = tiny_config(privacy={"clip": 1.0, "noise": 1.0})
+    with pytest.raises(ConfigError, match="dp-accounting"):
+        prepare(config)
+    prepare(config, server=False)  # a node only clips
 
 
 def test_runs_with_hostile_clients_and_dp_are_the_same_with_workers_and_resume_bit_identically():
@@ -241,12 +268,25 @@ class DyingGrid(InProcessGrid):
         return super().push_messages(messages)
 
 
+class RecordingGrid(InProcessGrid):
+    """An in-process grid that keeps the text of every message the server sends."""
+
+    sent: list[str] = []
+
+    def push_messages(self, messages):
+        messages = list(messages)
+        RecordingGrid.sent += [repr(m.content) for m in messages]
+        return super().push_messages(messages)
+
+
 def test_a_flower_dp_run_draws_its_clients_and_noise_from_a_secret_no_node_sees(tmp_path, monkeypatch):
     """Under DP the Flower server draws from the operating system's randomness, not from the seed the
     nodes hold; the secret is in its checkpoint only, and a resumed run draws from it again."""
+    from fedtail.engine.simulation import sample_clients
     from fedtail.flower import server
 
-    drawn = iter([11, 11, 12])  # an unstopped run, one that dies, its resumption (which must not use 12)
+    first, second = 987_654_321_123, 123_456_789_987
+    drawn = iter([first, first, second])  # an unstopped run, one that dies, its resumption (not second)
     monkeypatch.setattr(server.secrets, "randbits", lambda bits: next(drawn))
     config = tiny_config(rounds=4, checkpoint_every=2, eval_every=2, privacy={"clip": 0.5, "noise": 1.0})
     summary, rows, _ = run_with_summary(config)
@@ -258,18 +298,22 @@ def test_a_flower_dp_run_draws_its_clients_and_noise_from_a_secret_no_node_sees(
         return nodes, {"config": config.model_dump_json(), "out": str(tmp_path / name / "run"), "round-timeout": 0.0, "node-wait": 2.0}
 
     nodes, rc = folder("whole")
-    flower = serve(InProcessGrid(nodes, rc), rc)
+    RecordingGrid.sent = []
+    flower = serve(RecordingGrid(nodes, rc), rc)
     assert flower["privacy"]["randomness"] == guard.SECRET
+    assert RecordingGrid.sent and not any(str(first) in text for text in RecordingGrid.sent)  # no node is told
     got = [json.loads(line) for line in (tmp_path / "whole" / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["personalized_acc"] for r in got] != [r["personalized_acc"] for r in rows]  # not the seed's draws
+    logged = [(entry["round"], entry["clients"]) for row in got for entry in row["rounds_log"]]
+    assert [c for _, c in logged] == [sample_clients(first, r, 6, 3) for r, _ in logged]  # sampled from the secret
+    assert any(c != sample_clients(config.seed, r, 6, 3) for r, c in logged)
     nodes, rc = folder("died")
     with pytest.raises(RuntimeError, match="died"):
         serve(DyingGrid(nodes, rc, run_id=3, die_in=3), rc, run_id=3)
     state = checkpoint.load(tmp_path / "died" / "run" / "checkpoint.pt")
-    assert state["round"] == 2 and state["executor"]["privacy_secret"] == 11
-    assert "privacy_secret" not in rc["config"] and "11" not in json.dumps(json.loads(rc["config"])["privacy"])
+    assert state["round"] == 2 and state["executor"]["privacy_secret"] == first
     resumed = serve(InProcessGrid(nodes, rc | {"resume": True}, run_id=4), rc | {"resume": True}, run_id=4)
-    assert resumed["final"] == flower["final"]  # the checkpoint's secret, not the 12 the new server drew
+    assert resumed["final"] == flower["final"]  # the checkpoint's secret, not the one the new server drew
 
 
 # --- client-level DP ------------------------------------------------------------------------------

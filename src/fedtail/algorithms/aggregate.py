@@ -227,11 +227,14 @@ def per_class(rule: Rule, inputs: list[tuple[Tensors, torch.Tensor]]) -> tuple[d
     hostile holder cannot move a class that too few honest ones vouch for.
     """
     first = inputs[0][0]
-    out = {k: torch.zeros(v.shape, dtype=torch.float64, device=v.device) for k, v in first.items()}
     classes = len(inputs[0][1])
+    if any(t.keys() != first.keys() or len(held) != classes for t, held in inputs):
+        raise KeyError("per-class statistics of different layouts in one mean")
+    out = {k: torch.zeros(v.shape, dtype=torch.float64, device=v.device) for k, v in first.items()}
+    holds = torch.stack([held.to("cpu", torch.bool) for _, held in inputs])  # one copy, not one per class
     present = torch.zeros(classes, dtype=torch.bool)
     for c in range(classes):
-        rows = [{k: t[k][c] for k in first} for t, held in inputs if bool(held[c])]
+        rows = [{k: t[k][c] for k in first} for (t, _), held in zip(inputs, holds[:, c].tolist()) if held]
         if len(rows) < rule.min_inputs or not rows:
             continue
         for k, v in _combine(rule, rows).items():

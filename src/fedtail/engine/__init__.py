@@ -9,15 +9,16 @@ from fedtail.errors import ConfigError
 from fedtail.partition import Partition, make_partition
 
 
-def prepare(config: RunConfig, run: bool = True) -> tuple[Dataset, Partition]:
+def prepare(config: RunConfig, run: bool = True, server: bool = True) -> tuple[Dataset, Partition]:
     """Load the dataset and cut it into clients; raises FedtailError on bad input (``run``: also
-    unless the algorithm and the model fit the dataset's task; ``fedtail partition`` uses neither).
+    unless the algorithm and the model fit the dataset's task; ``fedtail partition`` uses neither;
+    ``server`` False: a Flower node's, which checks no DP accountant, see :func:`guard.check`).
 
     Segmentation datasets are cut by each image's primary class, over the classes but the background.
     """
     dataset = load_dataset(config.dataset, config.data_dir, **config.dataset_options)
     if run:
-        check_task(config, dataset)
+        check_task(config, dataset, server)
     classes = dataset.partition_classes
     if config.partition.scheme == "semantic" and not dataset.segmentation:
         raise ConfigError(f"--partition semantic relabels segmentation masks; {config.dataset!r} is a classification dataset")
@@ -41,14 +42,14 @@ def prepare(config: RunConfig, run: bool = True) -> tuple[Dataset, Partition]:
     return dataset, partition
 
 
-def check_task(config: RunConfig, dataset: Dataset) -> None:
+def check_task(config: RunConfig, dataset: Dataset, server: bool = True) -> None:
     """ConfigError unless the algorithm runs the dataset's task and the model predicts its kind of output,
     and takes the run's --aggregate and --dp-clip."""
     from fedtail.components import algorithm, build_model
     from fedtail.engine import guard
 
     spec = algorithm(config.algorithm)
-    guard.check(config, spec)
+    guard.check(config, spec, server)
     if dataset.task not in spec.tasks:
         why = spec.why_not.get(dataset.task)
         raise ConfigError(

@@ -119,14 +119,16 @@ def hostile(config: RunConfig) -> frozenset[int]:
     return frozenset(int(c) for c in rng.choice(n, size=k, replace=False))
 
 
-def check(config: RunConfig, spec: Algorithm) -> None:
-    """ConfigError unless the algorithm takes the run's aggregation rule and DP setting."""
+def check(config: RunConfig, spec: Algorithm, server: bool = True) -> None:
+    """ConfigError unless the algorithm takes the run's aggregation rule and DP setting; ``server``:
+    also the accountant (installed, and a z for ``--dp-epsilon``), which a Flower node, clipping
+    only, does without."""
     rule = Rule.parse(config.faults.aggregate)
     if rule.kind != "mean" and spec.robust is not True:
         raise ConfigError(f"--aggregate {rule}: {spec.name} {_why(spec.robust, 'a robust rule')}")
     if config.privacy.active and spec.dp is not True:
         raise ConfigError(f"--dp-clip: {spec.name} {_why(spec.dp, 'client-level DP')}")
-    if config.privacy.active:
+    if config.privacy.active and server:
         _accountant()  # before any round: a run without the [dp] extra would fail at its first ε
         noise_multiplier(config)  # --dp-epsilon has a z
 

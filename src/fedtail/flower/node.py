@@ -272,7 +272,7 @@ class NodeRuntime:
         if settings.data_dir is not None:
             config = config.model_copy(update={"data_dir": settings.data_dir})
         self.config = config
-        dataset, partition = prepare(config)
+        dataset, partition = prepare(config, server=False)  # a node clips under DP; the server accounts
         self.num_clients = len(partition.clients)
         self.hosted = settings.hosted(self.num_clients)
         self.runtime = ClientRuntime(config, dataset, partition, resolve(settings.device))
