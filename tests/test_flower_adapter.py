@@ -27,6 +27,7 @@ from fedtail.flower.node import NodeSettings, StateStore, parse_clients  # noqa:
 from fedtail.flower.server import GridExecutor, GridSettings, serve  # noqa: E402
 from fedtail.report.runfiles import metrics_line  # noqa: E402
 from fedtail.runner import run_to_folder  # noqa: E402
+from grids import DyingGrid  # noqa: E402
 from helpers import algorithm_config, invoke, run_with_summary, strip_timing  # noqa: E402
 
 # the issue's algorithms: FedAvg, Ditto, FedRep, MuPFL with its edge tier, FedAC, FedReMa, GLDP (stage tasks)
@@ -80,21 +81,6 @@ def test_every_algorithm_gives_the_simulators_results_bit_for_bit(tmp_path, name
     assert {node for node, _ in grid.delivered} == set(grid.node_configs)
     stored = {c for node in tmp_path.glob("node*") for c in StateStore(node, 1)}
     assert stored == set(sim.client_state)  # every client state the simulator keeps is on a node, none on the server
-
-
-class DyingGrid(InProcessGrid):
-    """A grid whose ServerApp's host dies in round ``die_in``, once the first node of its first training push ran its tasks."""
-
-    def __init__(self, *args, die_in: int, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.die_in = die_in
-
-    def push_messages(self, messages):
-        messages = list(messages)
-        if messages and messages[0].metadata.message_type.startswith("train") and messages[0].metadata.group_id == str(self.die_in):
-            super().push_messages(messages[:1])
-            raise RuntimeError("the ServerApp's host died")
-        return super().push_messages(messages)
 
 
 @pytest.mark.parametrize("name", ["ditto", "fedac"])

@@ -19,6 +19,7 @@ from fedtail.errors import ConfigError, FedtailError
 from fedtail.flower.inprocess import InProcessGrid
 from fedtail.flower.server import serve
 import helpers
+from grids import DyingGrid
 from helpers import PACKAGED, invoke, run, run_with_summary, same, staged, strip_timing
 
 dp_accounting = pytest.importorskip("dp_accounting")  # `make test` installs the [dp] extra; CI runs these
@@ -252,20 +253,6 @@ def test_flower_gives_the_simulators_results_with_hostile_clients_a_robust_rule_
         assert flower["final"] == json.loads(json.dumps(summary["final"]))
         assert flower.get("privacy") == summary.get("privacy") and flower.get("byzantine") == summary.get("byzantine")
     assert flower["privacy"]["randomness"] == guard.SECRET
-
-
-class DyingGrid(InProcessGrid):
-    """A grid whose ServerApp's host dies at the first training push of round ``die_in``."""
-
-    def __init__(self, *args, die_in: int, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.die_in = die_in
-
-    def push_messages(self, messages):
-        messages = list(messages)
-        if messages and messages[0].metadata.message_type.startswith("train") and messages[0].metadata.group_id == str(self.die_in):
-            raise RuntimeError("the ServerApp's host died")
-        return super().push_messages(messages)
 
 
 class RecordingGrid(InProcessGrid):
