@@ -271,6 +271,18 @@ def test_a_checkpoint_without_pieces_resumes_with_its_first_machine_unknown(tmp_
     ]
 
 
+def test_a_checkpoint_is_readable_by_its_owner_only_even_over_a_left_temporary_file(tmp_path):
+    config = tiny_config(rounds=3, checkpoint_every=1)
+    stale = tmp_path / (CHECKPOINT + ".tmp")  # as a write killed midway leaves it, world-readable
+    stale.write_bytes(b"partial")
+    stale.chmod(0o644)
+    with pytest.raises(Stop):
+        run_to_folder(config, tmp_path, stop_after(2))
+    assert (tmp_path / CHECKPOINT).stat().st_mode & 0o777 == 0o600
+    assert not stale.exists()
+    assert checkpoint.load(tmp_path / CHECKPOINT)["round"] == 2
+
+
 def test_resume_refuses_a_checkpoint_of_another_config(tmp_path):
     config = tiny_config(rounds=3, checkpoint_every=1)
     with pytest.raises(Stop):

@@ -174,6 +174,10 @@ def set_rng_state(state: dict[str, Any]) -> None:
 def save(run_dir: str | Path, state: dict[str, Any]) -> dict[str, Any]:
     """Write ``checkpoint.pt`` atomically (temporary file, then rename), then ``checkpoint.json``.
 
+    ``checkpoint.pt`` is readable by its owner only (mode 0600): it holds every client's state (its
+    personal model) and, under DP on Flower, the secret that the noise and the sampling come from
+    (``engine/guard.py``), which a reader of the file could use to remove the noise.
+
     ``checkpoint.json`` (round, rounds, config, size, seconds) lets the sweep see a checkpoint
     without reading it; returns it.
     """
@@ -181,7 +185,8 @@ def save(run_dir: str | Path, state: dict[str, Any]) -> dict[str, Any]:
     run_dir = Path(run_dir)
     path = run_dir / CHECKPOINT
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as fh:
+    tmp.unlink(missing_ok=True)  # a file left by a killed write keeps its mode: start afresh
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as fh:
         torch.save(state, fh)
         fh.flush()
         os.fsync(fh.fileno())
