@@ -22,6 +22,7 @@ from fedtail.engine import prepare
 from fedtail.engine.training import evaluate
 from fedtail.errors import ConfigError, DataError
 from fedtail.metrics.segmentation import class_scores, personalized_segmentation, summary
+from fedtail.algorithms.mupfl.bavd import activation_modules
 from fedtail.models.segmentation import mobilenetv3_small_classifier, mobilenetv3_small_seg, seg_tiny
 from helpers import PACKAGED, invoke, run_with_summary, strip_timing
 from test_checkpoint import assert_same_run, stopped_and_resumed
@@ -64,9 +65,15 @@ def test_personalised_means_are_over_clients_and_weighted_ones_over_pixels():
     miou_b = (5 / 10 + 10 / 15) / 2
     assert m["personalized_miou"] == pytest.approx(((1 / 2 + 2 / 3) / 2 + miou_b) / 2)  # the client without data left out
     assert m["per_client_miou"][2] is None
-    pooled_iou, _ = class_scores(a + b)
-    assert m["personalized_miou_weighted"] == pytest.approx(np.nanmean(pooled_iou))
+    # pooled class by class over the clients whose ground truth holds the class: class 0 from a alone,
+    # class 1 from b alone (a's pixel predicted as 1 is a's false negative of 0, not b's false positive
+    # of 1: summing a + b would give 5 / 11), the background from both
+    pooled_iou = np.array([3 / 6, 5 / 10, 14 / 21])
+    pooled_acc = np.array([3 / 4, 5 / 10, 14 / 16])
+    assert class_scores(a + b)[0][1] == pytest.approx(5 / 11)
     assert m["per_class_iou"] == pytest.approx(list(pooled_iou))
+    assert m["personalized_miou_weighted"] == pytest.approx(pooled_iou.mean())
+    assert m["personalized_macc_weighted"] == pytest.approx(pooled_acc.mean())
     assert m["head_iou"] == pytest.approx(pooled_iou[0]) and m["tail_iou"] == pytest.approx(pooled_iou[2])
 
 
@@ -258,6 +265,13 @@ def test_mobilenetv3_small_has_the_published_parameter_count_and_a_per_pixel_hea
     assert model.features(torch.zeros(1, 3, 64, 96)).shape == (1, 128 + 24, 8, 12)  # stride 8
     half = mobilenetv3_small_seg((3, 64, 96), 20, width=0.5)
     assert sum(p.numel() for p in half.parameters()) < sum(p.numel() for p in model.parameters()) / 2
+
+
+def test_bavd_can_sit_after_every_activation_of_mobilenetv3_and_its_last_is_lr_aspps_branch():
+    model = mobilenetv3_small_seg((3, 64, 96), 20)
+    layers = activation_modules(model.body)
+    assert sum(isinstance(m, torch.nn.Hardswish) for m in layers) == 18  # the stem, 8 blocks x 2, the last 1x1
+    assert layers[-1] is model.body.cbr[-1]  # forward order: the last activation before the classifier
 
 
 # --- every algorithm of the task -------------------------------------------------------------------

@@ -12,9 +12,14 @@ IoU of the true classes they belong to). ``per_class_iou`` shows each class alon
 
 Personalised metrics follow the classification conventions (:mod:`fedtail.metrics.accuracy`):
 each client's model on its own data, the unweighted mean over the clients with data as the
-headline, ``_weighted`` the metric of the summed confusion (every pixel alike); per-class IoU and
-the head/middle/tail means come from the summed confusion, with the classes ranked by training
-pixel frequency. The global model's are of its confusion on the global test split.
+headline, ``_weighted`` pooled over clients (every pixel alike); per-class IoU and the
+head/middle/tail means are the pooled ones, with the classes ranked by training pixel frequency.
+Pooling follows the per-client rule: class c's counts (TP, FP, FN) are summed over the clients
+whose ground truth holds c (:func:`pooled_class_scores`). Summing every client's confusion instead
+would count, as false positives of c, the pixels of c that a client which does not keep c labels
+background (MuPFL's split: 18 of 20 clients at β = 1) and a global model rightly calls c; a client
+that does not keep c has no c in its mean either, and those pixels still count there as false
+negatives of its background. The global model's are of its confusion on the global test split.
 """
 
 from __future__ import annotations
@@ -29,6 +34,22 @@ def class_scores(confusion: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     confusion = np.asarray(confusion, dtype=np.float64)
     tp = np.diag(confusion)
     truth, predicted = confusion.sum(axis=1), confusion.sum(axis=0)
+    present = truth > 0
+    iou = np.full(len(tp), np.nan)
+    acc = np.full(len(tp), np.nan)
+    np.divide(tp, truth + predicted - tp, out=iou, where=present)
+    np.divide(tp, truth, out=acc, where=present)
+    return iou, acc
+
+
+def pooled_class_scores(confusions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-class IoU and accuracy pooled over clients, shaped (clients, classes, classes): class c's
+    TP, FP and FN summed over the clients with ground-truth pixels of c (NaN where none has any)."""
+    confusions = np.asarray(confusions, dtype=np.float64)
+    truth, predicted = confusions.sum(axis=2), confusions.sum(axis=1)  # (clients, classes)
+    holds = truth > 0
+    tp = (np.einsum("kcc->kc", confusions) * holds).sum(axis=0)
+    truth, predicted = (truth * holds).sum(axis=0), (predicted * holds).sum(axis=0)
     present = truth > 0
     iou = np.full(len(tp), np.nan)
     acc = np.full(len(tp), np.nan)
@@ -58,16 +79,14 @@ def personalized_segmentation(confusions: np.ndarray, groups: tuple[Sequence[int
     confusions = np.asarray(confusions)
     has_data = confusions.sum(axis=(1, 2)) > 0
     per_client = [summary(c) for c in confusions]
-    pooled = confusions.sum(axis=0)
-    pooled_iou, _ = class_scores(pooled)
-    whole = summary(pooled)
+    pooled_iou, pooled_acc = pooled_class_scores(confusions)
     kept = [p for p, h in zip(per_client, has_data) if h]
     mean = lambda key: _mean(np.array([np.nan if p[key] is None else p[key] for p in kept])) if kept else None  # noqa: E731
     return {
         "personalized_miou": mean("miou"),
-        "personalized_miou_weighted": whole["miou"],
+        "personalized_miou_weighted": _mean(pooled_iou),
         "personalized_macc": mean("macc"),
-        "personalized_macc_weighted": whole["macc"],
+        "personalized_macc_weighted": _mean(pooled_acc),
         "per_client_miou": [p["miou"] for p in per_client],
         "per_class_iou": [None if np.isnan(v) else float(v) for v in pooled_iou],
     } | _groups(pooled_iou, groups, "")

@@ -68,7 +68,7 @@ from torch import nn
 
 from fedtail.algorithms.base import StepHook
 
-ACTIVATIONS = (nn.ReLU, nn.LeakyReLU, nn.GELU, nn.SiLU, nn.ReLU6)
+ACTIVATIONS = (nn.ReLU, nn.LeakyReLU, nn.GELU, nn.SiLU, nn.ReLU6, nn.Hardswish)  # Hardswish: MobileNet-V3's
 
 Mask = Literal["map", "value"]
 Source = Literal["accumulated", "batch", "epoch", "round"]
