@@ -22,6 +22,7 @@ from fedtail.engine import prepare
 from fedtail.engine.training import evaluate
 from fedtail.errors import ConfigError, DataError
 from fedtail.metrics.segmentation import class_scores, personalized_segmentation, summary
+from fedtail.algorithms.federated_features import classifier_inputs
 from fedtail.algorithms.mupfl.bavd import activation_modules
 from fedtail.models.segmentation import mobilenetv3_small_classifier, mobilenetv3_small_seg, seg_tiny
 from helpers import PACKAGED, invoke, run_with_summary, strip_timing
@@ -265,6 +266,18 @@ def test_mobilenetv3_small_has_the_published_parameter_count_and_a_per_pixel_hea
     assert model.features(torch.zeros(1, 3, 64, 96)).shape == (1, 128 + 24, 8, 12)  # stride 8
     half = mobilenetv3_small_seg((3, 64, 96), 20, width=0.5)
     assert sum(p.numel() for p in half.parameters()) < sum(p.numel() for p in model.parameters()) / 2
+
+
+def test_the_per_pixel_classifiers_inputs_are_what_the_full_forward_hands_it():
+    model = mobilenetv3_small_seg((3, 32, 48), 20).eval()
+    captured = []
+    handle = model.classifier.register_forward_pre_hook(lambda _m, args: captured.append(args[0]))
+    x = torch.randn(2, 3, 32, 48)
+    with torch.no_grad():
+        model(x)
+        h = classifier_inputs(model, x)
+    handle.remove()
+    assert h.shape == (2, 4, 6, 152) and torch.equal(h, captured[0])
 
 
 def test_bavd_can_sit_after_every_activation_of_mobilenetv3_and_its_last_is_lr_aspps_branch():

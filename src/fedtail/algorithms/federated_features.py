@@ -61,6 +61,8 @@ def classifier_inputs(model: SplitModel, x: torch.Tensor) -> torch.Tensor:
     classifier = model.classifier
     if model.head is classifier:
         return model.features(x)
+    if getattr(model, "dense", False):  # the per-pixel Linear reads the body's map, channels last
+        return model.features(x).movedim(1, -1)  # (no full forward: its upsampled logits are large)
     # A deeper head: capture what reaches the last Linear rather than re-implementing the head.
     captured: list[torch.Tensor] = []
     handle = classifier.register_forward_pre_hook(lambda _module, args: captured.append(args[0]))
