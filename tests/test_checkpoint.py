@@ -163,6 +163,7 @@ def test_disk_states_read_copies_and_reject_writes_after_close(tmp_path):
     store = DiskStates(tmp_path / "s")
     store[3] = {"personal": {"w": torch.ones(2)}, "gen": np.random.default_rng(0), "n": 1}
     store[1] = {}
+    assert {p.stat().st_mode & 0o777 for p in (tmp_path / "s").iterdir()} == {0o600}  # personal models
     assert list(store) == [1, 3] and len(store) == 2 and 3 in store and 2 not in store
     got = store[3]
     got["personal"]["w"] += 1

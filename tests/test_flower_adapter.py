@@ -296,6 +296,7 @@ def test_a_node_keeps_the_states_a_resume_needs_and_goes_back_once_per_resume(tm
     assert list(store) == [0, 1] and store.load(0) == {"r": 6}
     store.prune(4)  # a checkpoint of round 4: round 4's state and the later ones stay
     assert sorted(p.name for p in store.dir.glob("client-0*")) == ["client-0.pending.pt", "client-0.pt", "client-0.r4-0.pt"]
+    assert {p.stat().st_mode & 0o777 for p in store.dir.glob("client-*")} == {0o600}  # owner only
     assert store.restore({0: (4, 0), 1: None}, "token-a")  # the checkpoint's accepted tags; client 1 had none
     assert store.load(0) == {"r": 4} and 1 not in store
     assert not list(store.dir.glob("*.pending.pt")) and not list(store.dir.glob("client-*.r*.pt"))

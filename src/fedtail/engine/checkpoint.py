@@ -33,7 +33,7 @@ import os
 import random
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import torch
@@ -171,11 +171,18 @@ def set_rng_state(state: dict[str, Any]) -> None:
 # --- files ---------------------------------------------------------------------------------------
 
 
+def open_private(tmp: Path) -> BinaryIO:
+    """A new file at ``tmp`` for writing, readable by its owner only (mode 0600), for the files that
+    hold clients' states: a file left there by a killed write (with its mode) is removed first."""
+    tmp.unlink(missing_ok=True)
+    return os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb")
+
+
 def save(run_dir: str | Path, state: dict[str, Any]) -> dict[str, Any]:
     """Write ``checkpoint.pt`` atomically (temporary file, then rename), then ``checkpoint.json``.
 
-    ``checkpoint.pt`` is readable by its owner only (mode 0600): it holds every client's state (its
-    personal model) and, under DP on Flower, the secret that the noise and the sampling come from
+    ``checkpoint.pt`` is readable by its owner only (mode 0600, :func:`open_private`, as the client
+    state files are): it holds every client's state (its personal model) and, under DP on Flower, the secret that the noise and the sampling come from
     (``engine/guard.py``), which a reader of the file could use to remove the noise.
 
     ``checkpoint.json`` (round, rounds, config, size, seconds) lets the sweep see a checkpoint
@@ -185,8 +192,7 @@ def save(run_dir: str | Path, state: dict[str, Any]) -> dict[str, Any]:
     run_dir = Path(run_dir)
     path = run_dir / CHECKPOINT
     tmp = path.with_name(path.name + ".tmp")
-    tmp.unlink(missing_ok=True)  # a file left by a killed write keeps its mode: start afresh
-    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as fh:
+    with open_private(tmp) as fh:
         torch.save(state, fh)
         fh.flush()
         os.fsync(fh.fileno())

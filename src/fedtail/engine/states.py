@@ -127,7 +127,8 @@ class DiskStates(ClientStates):
         if not self.dir.is_dir():
             raise RuntimeError(f"the client states in {self.dir} were closed (the run has ended)")
         tmp = path.with_name(path.name + ".tmp")
-        torch.save(checkpoint.encode(state, f"client {cid}'s state"), tmp)
+        with checkpoint.open_private(tmp) as fh:
+            torch.save(checkpoint.encode(state, f"client {cid}'s state"), fh)
         os.replace(tmp, path)  # no fsync: the folder lives as long as the run, checkpoints are the durable copy
 
     def __getitem__(self, cid: int) -> dict[str, Any]:

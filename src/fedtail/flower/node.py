@@ -168,7 +168,7 @@ class StateStore(ClientStates):
     def _write(self, path: Path, tag: Tag | None, state: dict[str, Any]) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")
-        with open(tmp, "wb") as fh:
+        with checkpoint.open_private(tmp) as fh:
             torch.save({"tag": list(tag or ()), "state": checkpoint.encode(state, "client state")}, fh)
             fh.flush()
             os.fsync(fh.fileno())

@@ -17,7 +17,7 @@ head/middle/tail means are the pooled ones, with the classes ranked by training 
 Pooling follows the per-client rule: class c's counts (TP, FP, FN) are summed over the clients
 whose ground truth holds c (:func:`pooled_class_scores`). Summing every client's confusion instead
 would count, as false positives of c, the pixels of c that a client which does not keep c labels
-background (MuPFL's split: 18 of 20 clients at β = 1) and a global model rightly calls c; a client
+background (MuPFL's split at β = 1: 18 of fmnist-seg's 20 clients) and a global model rightly calls c; a client
 that does not keep c has no c in its mean either, and those pixels still count there as false
 negatives of its background. The global model's are of its confusion on the global test split.
 """
