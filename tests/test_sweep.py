@@ -832,6 +832,9 @@ def test_a_diverged_run_is_recorded_kept_and_rerun_only_when_asked(tmp_path):
     res = invoke("sweep", path, "--jobs", "1", "--rerun-diverged", "--compress")
     assert res.exit_code == 0 and (wild.dir / "summary.json").stat().st_mtime_ns != before
     assert (wild.dir / "partition.json.gz").is_file() and not (wild.dir / "partition.json").exists()  # final: compressed
+    plain = next(r for r in load_sweep(path).runs if r.method == "fedavg").dir  # finished before --compress
+    assert sorted(p.name for p in plain.glob("*.gz")) == ["metrics.jsonl.gz", "partition.json.gz"]
+    assert not (plain / "metrics.jsonl").exists()
 
     report = tmp_path / "report.md"
     res = invoke("report", "--sweep", path, "--out", report)

@@ -85,8 +85,13 @@ def execute(
     """Run the selected pending (and, with ``force``, stale) runs; writes ``{out}/sweep.json`` if any.
 
     ``deadline`` (:func:`time.monotonic`): runs expected to end later are deferred (:class:`Runner`).
-    ``compress``: a run that finishes or diverges gets its records compressed (``compress_records``).
+    ``compress``: a run that finishes or diverges gets its records compressed (``compress_records``),
+    and so does one that a stopped sweep left finished but plain (stopped before compressing it).
     """
+    if compress:
+        for st in statuses:
+            if st.state in ("done", "diverged"):
+                compress_records(st.run.dir)
     todo = to_run(statuses, sweep, force, rerun_diverged)
     if not todo:  # nothing changes: sweep.json keeps the record of the sweep that ran the runs
         return []

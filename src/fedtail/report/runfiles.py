@@ -80,20 +80,23 @@ def has_record(run_dir: str | Path, name: str) -> bool:
 def compress_records(run_dir: str | Path) -> list[Path]:
     """Replace a finished run's ``metrics.jsonl`` and ``partition.json`` by gzip -9 copies (no
     timestamp in the header, so the bytes depend on the content alone); the compressed files.
-    An unfinished run is left alone: its metrics still grow, and a resume rewrites them."""
+    An unfinished run is left alone: its metrics still grow, and a resume rewrites them. Two
+    processes may compress one folder at once (sweeps sharing ``out``): they write the same bytes."""
     run_dir = Path(run_dir)
     if not is_finished(run_dir) or (run_dir / CHECKPOINT).exists():
         return []
     done = []
     for name in COMPRESSED:
         plain = run_dir / name
-        if not plain.is_file():
+        try:
+            data = plain.read_bytes()
+        except FileNotFoundError:  # none, or another process compressed it meanwhile
             continue
         packed = plain.with_name(name + ".gz")
-        tmp = packed.with_name(packed.name + ".tmp")
-        tmp.write_bytes(gzip.compress(plain.read_bytes(), compresslevel=9, mtime=0))
+        tmp = packed.with_name(f"{packed.name}.{os.getpid()}.tmp")
+        tmp.write_bytes(gzip.compress(data, compresslevel=9, mtime=0))
         os.replace(tmp, packed)
-        plain.unlink()
+        plain.unlink(missing_ok=True)
         done.append(packed)
     return done
 
