@@ -29,6 +29,26 @@ def test_rounds_slope_reads_the_rule_and_the_slopes_from_a_run(tmp_path):
     assert "200-250" not in out  # no window without evaluations
 
 
+def test_rounds_slope_gives_table2_rounds_where_the_curve_flattens(tmp_path):
+    # 3 points per 100 rounds up to round 300, then 1 per 100: the window 250-300 still rises by 3
+    # (or is mixed), 350-400 by 1 <= 1.4, so Table 2's rule gives 400
+    rows = [{"round": r, "personalized_acc": (40 + 0.03 * min(r, 300) + 0.01 * max(r - 300, 0)) / 100}
+            for r in range(5, 501, 5)]  # fmt: skip
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks/fedrema/rounds_slope.py"), str(tmp_path)],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert "| 250-300 | 11 | 3.0 |" in out and "| 450-500 | 11 | 1.0 |" in out
+    assert out.rstrip().endswith("400 rounds.")
+    # still steep at every candidate: the paper's 500
+    rows = [{"round": r, "personalized_acc": (20 + 0.1 * r) / 100} for r in range(5, 501, 5)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks/fedrema/rounds_slope.py"), str(tmp_path)],
+                         capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert out.rstrip().endswith("500 rounds.")
+
+
 def test_rounds_slope_refuses_a_run_without_evaluations(tmp_path):
     (tmp_path / "metrics.jsonl").write_text(json.dumps({"round": 1}) + "\n")
     res = subprocess.run([sys.executable, str(ROOT / "benchmarks/fedrema/rounds_slope.py"), str(tmp_path)],

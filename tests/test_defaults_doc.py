@@ -30,6 +30,7 @@ MAIN_TABLES = [
     "fedac/table1_fmnist.toml",
     "fedac/table1_path3_k10_fmnist.toml",
     "fedrema/table1_fmnist.toml",
+    "fedrema/table2_fmnist.toml",  # Table 1's methods and values at 100 samples, s 0.2-0.8
 ]
 # Ablation / sensitivity rows: each sets an option on purpose (κ, module switches, λ, δ, variants),
 # and the validation grids of such rows.

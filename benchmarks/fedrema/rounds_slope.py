@@ -6,7 +6,8 @@ RUN_DIR (default: the rounds probe's FedAvg run) is any run folder with ``metric
 as Markdown tables, the rule written before the probe ran (the mean personalised accuracy of the
 evaluations in rounds 80-100 against rounds 180-200) and the slope of a least-squares line
 through the evaluations of each 50-round window, in points per 100 rounds; README.md, "Rounds",
-quotes them.
+quotes them. For a run of 500 rounds or more (the Table 2 rounds probe) it also prints the rounds
+Table 2's rule gives.
 """
 
 from __future__ import annotations
@@ -20,7 +21,11 @@ import numpy as np
 from fedtail.report.runfiles import read_record  # metrics.jsonl or its .gz
 
 DEFAULT = Path("benchmarks/fedrema/runs/rounds-probe/s0.2/fedavg/seed0")  # from the repository root
-WINDOWS = [(0, 50), (50, 100), (100, 150), (150, 200), (200, 250), (250, 300)]
+WINDOWS = [(lo, lo + 50) for lo in range(0, 500, 50)]
+# Table 2's rule (rounds_probe_table2_fmnist.toml, written before its run): the smallest candidate R
+# whose window R-50..R has a slope of at most SLOPE_LIMIT points per 100 rounds, else the last.
+CANDIDATES = (200, 300, 400, 500)
+SLOPE_LIMIT = 1.4
 
 
 def curve(run: Path) -> tuple[np.ndarray, np.ndarray]:
@@ -37,6 +42,23 @@ def window_mean(rounds: np.ndarray, acc: np.ndarray, lo: int, hi: int) -> float 
     return float(acc[inside].mean()) if inside.any() else None
 
 
+def slope(rounds: np.ndarray, acc: np.ndarray, lo: int, hi: int) -> float | None:
+    """Points per 100 rounds of a least-squares line through the evaluations in rounds lo..hi (3 or more)."""
+    inside = (rounds >= lo) & (rounds <= hi)
+    return float(np.polyfit(rounds[inside], acc[inside], 1)[0] * 100) if inside.sum() >= 3 else None
+
+
+def rounds_by_slope(rounds: np.ndarray, acc: np.ndarray) -> int | None:
+    """Table 2's rounds: the first candidate whose last 50 rounds rise by at most SLOPE_LIMIT; None if not evaluated."""
+    for r in CANDIDATES:
+        value = slope(rounds, acc, r - 50, r)
+        if value is None:
+            return None
+        if value <= SLOPE_LIMIT:
+            return r
+    return CANDIDATES[-1]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run", nargs="?", type=Path, default=DEFAULT)
@@ -51,11 +73,13 @@ def main() -> None:
         print(f"\nGain from rounds 80-100 to 180-200: {late - early:+.2f} points (the rule: 100 rounds stand below 1).\n")
     print("| rounds | evaluations | slope (points per 100 rounds) |\n|---|---:|---:|")
     for lo, hi in WINDOWS:
-        inside = (rounds >= lo) & (rounds <= hi)
-        if inside.sum() < 3:
-            continue
-        slope = np.polyfit(rounds[inside], acc[inside], 1)[0] * 100
-        print(f"| {lo}-{hi} | {int(inside.sum())} | {slope:.1f} |")
+        value = slope(rounds, acc, lo, hi)
+        if value is not None:
+            print(f"| {lo}-{hi} | {int(((rounds >= lo) & (rounds <= hi)).sum())} | {value:.1f} |")
+    if rounds[-1] >= CANDIDATES[-1]:
+        chosen = rounds_by_slope(rounds, acc)
+        print(f"\nTable 2's rule (the first of {', '.join(map(str, CANDIDATES))} whose last 50 rounds rise by at most "
+              f"{SLOPE_LIMIT} points per 100 rounds, else {CANDIDATES[-1]}): {chosen} rounds.")
 
 
 if __name__ == "__main__":
