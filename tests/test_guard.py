@@ -439,3 +439,15 @@ def test_the_report_shows_the_rule_the_hostile_clients_and_the_epsilon_of_each_r
     text = (tmp_path / "R.md").read_text()
     assert "## Robustness and privacy" in text and f"| {eps:.3g} |" in text
     assert "| median | 1 (sign-flip) |" in text
+    # the honest clients' column: the final round's per-client accuracies without the hostile client
+    robust = tmp_path / "runs" / "robust"
+    hostile = json.loads((robust / "summary.json").read_text())["byzantine"]["clients"]
+    last = json.loads((robust / "metrics.jsonl").read_text().splitlines()[-1])
+    honest = [a for i, a in enumerate(last["per_client_acc"]) if i not in hostile]
+    assert len(honest) == len(last["per_client_acc"]) - 1
+    row = next(line for line in text.splitlines() if "| median | 1 (sign-flip) |" in line)
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[9] == f"{100 * sum(honest) / len(honest):.2f} (1 seed)", row
+    assert cells[8].startswith(f"{100 * last['personalized_acc']:.2f}"), row
+    dp_row = next(line for line in text.splitlines() if "| mean | 0 |" in line)
+    assert [c.strip() for c in dp_row.strip("|").split("|")][9] == "—"  # no hostile clients: no column of its own

@@ -504,7 +504,10 @@ def guard_block(col: Collection, level: int = 2) -> list[str]:
         "The run's `--aggregate` rule, its hostile clients (`--byzantine K`, `--byzantine-mode`), and under "
         "client-level DP the noise multiplier z, the clipping norm C and the ε spent over the run at δ "
         "(`summary.json` → `privacy.epsilon`: dp-accounting's RDP accountant; ∞ for z = 0, clipping only), with "
-        "the final personalised and global accuracy (%, mean over seeds; diverged runs are counted apart).",
+        "the final personalised accuracy over all clients and over the honest ones (those not hostile: "
+        "`summary.json` → `byzantine.clients`, each client's accuracy from the final round's `per_client_acc`; "
+        "— without hostile clients, where the two are one) and the global accuracy (%, mean over seeds; "
+        "diverged runs are counted apart).",
         "",
         table,
         "",

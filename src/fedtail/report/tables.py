@@ -403,11 +403,31 @@ def incomplete_cells(col: Collection) -> list[str]:
     return lines
 
 
+def honest_cell(runs: list[Run]) -> Cell:
+    """The final personalised accuracy over the clients that are not hostile (``summary.json`` →
+    ``byzantine.clients``), equal weight per client as ``personalized_acc``, from the final round's
+    ``per_client_acc`` in ``metrics.jsonl``; a run without that row adds nothing."""
+    out = Cell()
+    for run in runs:
+        summary = run.summary or {}
+        final_round = (summary.get("final") or {}).get("round")
+        hostile = set((summary.get("byzantine") or {}).get("clients") or [])
+        row = next((r for r in reversed(run.metrics()) if r.get("round") == final_round and r.get("per_client_acc")), None)
+        if row is None:
+            continue
+        accs = [a for i, a in enumerate(row["per_client_acc"]) if i not in hostile and isinstance(a, (int, float))]
+        if accs and all(math.isfinite(a) for a in accs):
+            out.values.append(sum(accs) / len(accs))
+            out.seeds.append(run.seed)
+    return out
+
+
 def guard_table(col: Collection) -> str | None:
     """Methods × settings of runs with client-level DP, hostile clients or a robust rule (config →
     ``privacy``, ``faults``; ``summary.json`` → ``privacy.epsilon``): the rule, the hostile clients,
-    z, C, ε at δ, and the final personalised and global accuracy, mean over seeds (diverged runs
-    counted apart); None without such runs."""
+    z, C, ε at δ, and the final personalised accuracy over all clients and over the honest ones
+    (:func:`honest_cell`) and the global accuracy, mean over seeds (diverged runs counted apart);
+    None without such runs."""
     rows = []
     for m in col.methods:
         for s in col.settings:
@@ -429,9 +449,11 @@ def guard_table(col: Collection) -> str | None:
                 fmt(z) if privacy else DASH, fmt(privacy.get("clip")) if privacy else DASH,
                 shown_eps if privacy else DASH, fmt(privacy.get("delta", 1e-5)) if privacy else DASH,
                 format_cell(cell(runs, "final")) + (f"; diverged ×{len(diverged)} (round {min(r.diverged for r in diverged)})" if diverged else ""),
+                format_cell(honest_cell(runs)) if hostile else DASH,
                 format_cell(cell(runs, "final", "global_acc")),
             ])  # fmt: skip
     if not rows:
         return None
-    header = ["method", "setting", "aggregate", "hostile clients", "z", "C", "ε", "δ", "final personalised", "final global"]
-    return markdown_table(header, rows, ["l", "l", "l", "l", "r", "r", "r", "r", "r", "r"])
+    header = ["method", "setting", "aggregate", "hostile clients", "z", "C", "ε", "δ", "final personalised",
+              "final personalised, honest clients", "final global"]  # fmt: skip
+    return markdown_table(header, rows, ["l", "l", "l", "l", "r", "r", "r", "r", "r", "r", "r"])
