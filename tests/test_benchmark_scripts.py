@@ -24,29 +24,49 @@ def test_rounds_slope_reads_the_rule_and_the_slopes_from_a_run(tmp_path):
     assert "| 80-100 | 50.90 |" in out  # the mean of rounds 80, 85, ..., 100
     assert "| 180-200 | 51.50 |" in out
     assert "+0.60 points" in out
-    assert "| 50-100 | 11 | 1.0 |" in out
-    assert "| 150-200 | 11 | 0.0 |" in out or "| 150-200 | 11 | -0.0 |" in out  # flat: ±0 by rounding
+    assert "| 50-100 | 11 | 1.00 |" in out
+    assert "| 150-200 | 11 | 0.00 |" in out or "| 150-200 | 11 | -0.00 |" in out  # flat: ±0 by rounding
     assert "200-250" not in out  # no window without evaluations
 
 
-def test_rounds_slope_gives_table2_rounds_where_the_curve_flattens(tmp_path):
-    # 3 points per 100 rounds up to round 300, then 1 per 100: the window 250-300 still rises by 3
-    # (or is mixed), 350-400 by 1 <= 1.4, so Table 2's rule gives 400
-    rows = [{"round": r, "personalized_acc": (40 + 0.03 * min(r, 300) + 0.01 * max(r - 300, 0)) / 100}
-            for r in range(5, 501, 5)]  # fmt: skip
-    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks/fedrema/rounds_slope.py"), str(tmp_path)],
-        capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
-    assert "| 250-300 | 11 | 3.0 |" in out and "| 450-500 | 11 | 1.0 |" in out
-    assert out.rstrip().endswith("400 rounds.")
-    # still steep at every candidate: the paper's 500
-    rows = [{"round": r, "personalized_acc": (20 + 0.1 * r) / 100} for r in range(5, 501, 5)]
-    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
-    out = subprocess.run([sys.executable, str(ROOT / "benchmarks/fedrema/rounds_slope.py"), str(tmp_path)],
+def _slope_run(folder: Path, rate) -> Path:
+    """A run evaluated every 5 rounds to 500 whose accuracy rises by rate(r) points per 100 rounds at round r."""
+    folder.mkdir(parents=True)
+    acc, rows = 40.0, []
+    for r in range(5, 501, 5):
+        acc += rate(r) * 5 / 100
+        rows.append({"round": r, "personalized_acc": acc / 100})
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return folder
+
+
+def _rule(*runs: Path) -> str:
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks/fedrema/rounds_slope.py"), *map(str, runs)],
                          capture_output=True, text=True, check=True).stdout  # fmt: skip
-    assert out.rstrip().endswith("500 rounds.")
+    return out.rstrip().splitlines()[-1]
+
+
+def test_rounds_slope_gives_table2_rounds_where_every_curve_flattens(tmp_path):
+    # slope 3 to round 300, then 1: the window 250-300 rises by 3, 350-400 by 1 -> 400
+    steep_then_flat = _slope_run(tmp_path / "a", lambda r: 3.0 if r <= 300 else 1.0)
+    assert _rule(steep_then_flat).endswith(": 400 rounds.")
+    # the limit is 1.35 per 100 rounds: 1.36 at 200 fails, 1.34 at 300 passes
+    near = _slope_run(tmp_path / "b", lambda r: 1.36 if r <= 250 else 1.34)
+    assert _rule(near).endswith(": 300 rounds.")
+    # still steep at every candidate: the paper's 500
+    steep = _slope_run(tmp_path / "c", lambda r: 10.0)
+    assert _rule(steep).endswith(": 500 rounds.")
+    # two runs: the first candidate flat in both, not the larger of their own answers. Run d is
+    # flat at 200 and 400 only (300 steep), run e at 300 and 400 only: alone 200 and 300, together 400
+    d = _slope_run(tmp_path / "d", lambda r: 1.0 if r <= 200 or 350 < r <= 400 else 3.0)
+    e = _slope_run(tmp_path / "e", lambda r: 1.0 if 250 < r <= 400 else 3.0)
+    assert _rule(d).endswith(": 200 rounds.") and _rule(e).endswith(": 300 rounds.")
+    assert _rule(d, e).endswith(": 400 rounds.") and "in all 2 run(s)" in _rule(d, e)
+    # a run that stops before round 500: no rule line
+    short = tmp_path / "f"
+    short.mkdir()
+    (short / "metrics.jsonl").write_text(json.dumps({"round": 200, "personalized_acc": 0.5}) + "\n")
+    assert "Table 2's rule" not in _rule(steep, short)
 
 
 def test_rounds_slope_refuses_a_run_without_evaluations(tmp_path):
