@@ -11,6 +11,14 @@ cd "$(dirname "$0")/../.."
   --rounds-to 80 --rounds-to 90 --clients-to 90:15,20,25 \
   --title "MuPFL on Fashion-MNIST: Tables II, V and VI" \
   --command "bash benchmarks/mupfl/run_all.sh"
+# The first Tables II, V and VI, at lr 0.005 decayed every 3 local epochs (a misreading of Sec. 4.1;
+# issue 64): their runs were moved under runs/superseded/lr0.005/ when the rerun at lr 0.01 began.
+.venv/bin/fedtail report benchmarks/mupfl/runs/superseded/lr0.005/fmnist \
+  --out benchmarks/mupfl/RESULTS_lr0.005.md \
+  --reference benchmarks/mupfl/paper_fmnist.toml \
+  --rounds-to 80 --rounds-to 90 --clients-to 90:15,20,25 \
+  --title "MuPFL on Fashion-MNIST: Tables II, V and VI at lr 0.005, decay every 3 local epochs (superseded, issue 64)" \
+  --command "bash benchmarks/mupfl/run_all.sh, with table2/5/6_fmnist.toml at lr 0.005 (their git history before b9684191)"
 # The validation sweep that chose the open hyperparameters (held-out training samples, not test data).
 .venv/bin/fedtail report \
   --sweep benchmarks/mupfl/validation_fmnist.toml \
