@@ -271,9 +271,22 @@ def test_supersede_keeps_stale_folders_apart_and_runs_them_anew(tmp_path):
     assert invoke("sweep", path, "--force", "--supersede", "x").exit_code == 2
     assert invoke("sweep", path, "--supersede", "a/b").exit_code == 2
     assert (stale.dir / "summary.json").read_text() == old_summary
+    # the record of the earlier sweep: the stale run's entry goes with it, the other stays
+    rel_stale, rel_done = (r.dir.relative_to(tmp_path / "runs").as_posix() for r in (stale, done))
+    old_at = "2026-01-01T00:00:00.000000+00:00"
+    record = {"file": "old.toml", "command": "fedtail sweep old.toml", "machine": {"cores": 2},
+              "runs": [{"dir": rel_stale, "status": "done", "at": old_at, "minutes": 3.0},
+                       {"dir": rel_done, "status": "done", "at": old_at, "minutes": 4.0}]}  # fmt: skip
+    (tmp_path / "runs" / "sweep.json").write_text(json.dumps(record))
     res = invoke("sweep", path, "--supersede", "lr0.5")
     assert res.exit_code == 0, res.output
     assert (kept / "summary.json").read_text() == old_summary  # the old run, whole, kept apart
+    moved = json.loads((tmp_path / "superseded" / "lr0.5" / "runs" / "sweep.json").read_text())
+    assert moved["command"] == "fedtail sweep old.toml" and moved["machine"] == {"cores": 2}
+    assert moved["runs"] == [record["runs"][0]]
+    live = {r["dir"]: r for r in json.loads((tmp_path / "runs" / "sweep.json").read_text())["runs"]}
+    assert live[rel_stale]["at"] > old_at and "minutes" in live[rel_stale]  # the new run's entry
+    assert live[rel_done]["at"] == old_at and live[rel_done]["minutes"] == 4.0
     assert json.loads((kept / "config.json").read_text())["train"]["lr"] == 0.5
     assert run_status(stale).state == "done" and run_status(done).state == "done"
     assert json.loads((stale.dir / "config.json").read_text())["train"]["lr"] == stale.config.train.lr

@@ -34,7 +34,7 @@ from fedtail.sweep import (
     to_run,
 )
 from fedtail.sweep.estimate import Estimate, WallTimes, borrow, describe, estimate, learned
-from fedtail.sweep.record import personalized_acc
+from fedtail.sweep.record import personalized_acc, supersede_records
 
 
 def parse_duration(text: str) -> float:
@@ -225,7 +225,9 @@ def sweep_command(
     busy = busy_dirs()
     statuses = [run_status(r, busy) for r in plan.runs]
     if supersede_tag is not None:
-        for src, dst in supersede(statuses, plan, supersede_tag):
+        moves = supersede(statuses, plan, supersede_tag)
+        supersede_records(plan.out, moves)
+        for src, dst in moves:
             say(escape(f"superseded: {src} -> {dst}"))
         statuses = [run_status(r, busy) for r in plan.runs]
     times = learned(statuses)  # read once: the header's estimate, then the time limit's guesses

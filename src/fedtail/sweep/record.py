@@ -60,6 +60,46 @@ def _wins(theirs: dict[str, Any], mine: dict[str, Any]) -> bool:
     return str(theirs.get("at", "")) > str(mine.get("at", ""))
 
 
+def supersede_records(out: Path, moves: list[tuple[Path, Path]]) -> None:
+    """After ``--supersede`` moved run folders: their entries leave ``{out}/sweep.json`` for the
+    ``sweep.json`` of the folder they went to (``{out}/../superseded/TAG/{out name}``), which gets
+    the live file's header where it has none. The moved runs' finish times, minutes and accuracies
+    thus stay with the runs, and ``out``'s record (and the report's "Runs finished" line) speaks
+    only of the runs still there."""
+    if not moves:
+        return
+    src = out / "sweep.json"
+    with folder_lock(out):
+        try:
+            live = json.loads(src.read_text())
+        except (OSError, ValueError):
+            return  # no record of the moved runs to carry
+        if not isinstance(live, dict):
+            return
+        runs = _read_runs(src)
+        by_root: dict[Path, list[dict[str, Any]]] = {}
+        for old, new in moves:
+            rel = old.resolve().relative_to(out.resolve())
+            entry = runs.pop(rel.as_posix(), None)
+            if entry is not None:  # new == root / rel
+                by_root.setdefault(new.parents[len(rel.parts) - 1], []).append(entry)
+        if not by_root:
+            return
+        write_json(src, live | {"runs": list(runs.values())})
+    header = {k: v for k, v in live.items() if k != "runs"}
+    for root, entries in by_root.items():
+        root.mkdir(parents=True, exist_ok=True)
+        with folder_lock(root):
+            path = root / "sweep.json"
+            kept = _read_runs(path)
+            try:
+                head = {k: v for k, v in json.loads(path.read_text()).items() if k != "runs"}
+            except (OSError, ValueError, AttributeError):
+                head = header
+            kept.update({e["dir"]: e for e in entries})
+            write_json(path, head | {"runs": list(kept.values())})
+
+
 _KEPT = ("minutes", "final_personalized_acc", "best_personalized_acc")
 
 
