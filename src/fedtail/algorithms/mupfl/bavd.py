@@ -6,8 +6,11 @@ Each client keeps one activation map per BAVD layer, accumulated over its traini
 
 where h̄ is the layer's activation averaged over the batch and s = ``psi_sign`` (+1 is the
 equation as written). The map is min–max normalised and its mean μ is the threshold. The map
-persists across rounds (it lives in the client's state) and is uploaded for ACMU's similarity.
-At evaluation the layer is the identity.
+lives in the client's state and is uploaded for ACMU's similarity; it runs over every step of
+every round, or starts again each local epoch or round (``source`` below). At evaluation the
+layer is the identity unless ``eval_mask`` says otherwise. Batch λ is masked with M^(λ−1), the
+map before its own step (ℓ^(λ) needs the masked forward pass, so M^(λ) cannot mask batch λ); the
+first batch after a map starts again is therefore not masked.
 
 The text leaves open what exactly is compared with μ, and each reading is an option. MuPFL's
 defaults (``MuPFLConfig``: BAVD off; when on, ``mask = "map"``, ``source = "batch"``,
