@@ -125,6 +125,21 @@ def test_every_algorithm_resumes_bit_identically(name):
     assert_same_run(*stopped_and_resumed(algorithm_config(name)))
 
 
+@pytest.mark.parametrize(
+    "bavd",
+    [
+        {"bavd_map": "epoch", "bavd_rescale": False, "bavd_eval": True},  # the per-client map is used at evaluation
+        {"bavd_map": "round", "bavd_mask": "value"},
+        {"bavd_map": "batch"},
+    ],
+)
+def test_mupfl_with_bavd_resumes_bit_identically(bavd):
+    """BAVD's maps live in each client's state: a resumed run masks with the maps it was stopped with."""
+    config = algorithm_config("mupfl")
+    config = config.model_copy(update={"options": config.options | {"bavd": True} | bavd})
+    assert_same_run(*stopped_and_resumed(config))
+
+
 @pytest.mark.parametrize("name", ["ditto", "mupfl", "fedac"])
 def test_client_state_on_disk_runs_checkpoints_and_resumes_as_in_memory(name):
     from fedtail.engine.states import DiskStates
