@@ -233,7 +233,9 @@ def test_fixed_kappa_is_recorded():
 def test_each_ablation_switch_changes_the_result(switch):
     full, sim_full = run(mupfl_config())
     ablated, sim_off = run(mupfl_config(**{switch: False}))
-    assert full[-1]["per_client_acc"] != pytest.approx(ablated[-1]["per_client_acc"])
+    # the tiny clients' accuracies are coarse (a few test samples each) and can coincide: the loss cannot
+    key = lambda row: [*row["per_client_acc"], row["train_loss"]]  # noqa: E731
+    assert key(full[-1]) != pytest.approx(key(ablated[-1]))
     w_full, w_off = sim_full.server.global_weights(), sim_off.server.global_weights()
     assert any(not torch.equal(w_full[k], w_off[k]) for k in w_full)
     state = next(iter(sim_off.client_state.values()))
@@ -591,9 +593,10 @@ def test_reading_options_are_validated():
     defaults = MuPFLConfig()
     assert (defaults.reading, defaults.pkcf_order) == ("global-start", "before-local")  # validated so far
     # The configuration benchmarks/mupfl validated for the earlier reading is the default.
-    assert (defaults.psi_sign, defaults.bavd_rescale, defaults.bavd_layers) == (-1, True, [-1])
-    # BAVD validated off (issue 16: no reading beat plain training); when on, the batch mask, its best reading
-    assert (defaults.bavd, defaults.bavd_map, defaults.bavd_mask, defaults.bavd_map_shape) == (False, "batch", "map", "chw")
+    assert (defaults.psi_sign, defaults.bavd_rescale, defaults.bavd_layers, defaults.bavd_eval) == (-1, False, [-1], False)
+    # BAVD validated off (issues 16, 64: no reading beat plain training by the margin); when on, its best
+    # reading at lr 0.01 (bavd_validation2_fmnist.toml): the epoch map with the value mask, not rescaled
+    assert (defaults.bavd, defaults.bavd_map, defaults.bavd_mask, defaults.bavd_map_shape) == (False, "epoch", "value", "chw")
     assert (defaults.alpha, defaults.tau, defaults.match_lr, defaults.feature_init_std) == (0.25, 50, 100.0, 0.1)
 
 

@@ -43,3 +43,20 @@ cd "$(dirname "$0")/../.."
   --out benchmarks/mupfl/FIG3B.md \
   --title "MuPFL's Fig. 3(b) on Fashion-MNIST: FedAvg's prediction probabilities of each class (issue 65)" \
   --command "fedtail sweep benchmarks/mupfl/fig3b_fmnist.toml"
+# BAVD per Eq. 6 at lr 0.01 (issue 64, item 2): every reading against BAVD off, validation data.
+.venv/bin/fedtail report \
+  --sweep benchmarks/mupfl/bavd_validation2_fmnist.toml \
+  --out benchmarks/mupfl/BAVD_VALIDATION2.md \
+  --title "MuPFL on Fashion-MNIST: BAVD per Eq. 6 (issue 64)" \
+  --command "fedtail sweep benchmarks/mupfl/bavd_validation2_fmnist.toml --seeds 0 --jobs 1"
+# The validation at lr 0.01 (issue 64, item 1), beside the lr probe's runs it is centred on.
+.venv/bin/fedtail report \
+  --sweep benchmarks/mupfl/lr_probe_fmnist.toml \
+  --sweep benchmarks/mupfl/lr001_validation_fmnist.toml \
+  --out benchmarks/mupfl/LR001_VALIDATION.md \
+  --title "MuPFL on Fashion-MNIST: validation at lr 0.01 (issue 64)"
+# The decay's "epochs" read as rounds against local epochs (issue 64, item 1).
+.venv/bin/fedtail report \
+  --sweep benchmarks/mupfl/decay_probe_fmnist.toml \
+  --out benchmarks/mupfl/DECAY_PROBE.md \
+  --title "MuPFL on Fashion-MNIST: learning-rate decay probe (issue 64)"

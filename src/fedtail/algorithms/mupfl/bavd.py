@@ -13,9 +13,10 @@ map before its own step (ℓ^(λ) needs the masked forward pass, so M^(λ) canno
 first batch after a map starts again is therefore not masked.
 
 The text leaves open what exactly is compared with μ, and each reading is an option. MuPFL's
-defaults (``MuPFLConfig``: BAVD off; when on, ``mask = "map"``, ``source = "batch"``,
-``shape = "chw"``, ψ sign −1, rescaled, last activation) are the best reading on validation data
-at the test runs' budget (``benchmarks/mupfl/README.md``, validation2 stage 1); this class's own
+defaults (``MuPFLConfig``: BAVD off; when on, ``mask = "value"``, ``source = "epoch"``,
+``shape = "chw"``, ψ sign −1, not rescaled, last activation) are the best reading on validation
+data at the test runs' budget and lr 0.01 (``benchmarks/mupfl/README.md``, "BAVD at lr 0.01";
+at lr 0.005 it was the batch mask, rescaled, which diverges at 0.01); this class's own
 defaults are Eq. 6 as written (accumulated map, ψ as written, no rescaling).
 
 - ``mask = "map"``: positions whose *normalised map value* is below μ are zeroed, the same positions for every
