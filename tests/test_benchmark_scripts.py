@@ -141,8 +141,9 @@ def test_the_gpu_benchmark_runs_through_on_the_cpu(tmp_path):
 
 def test_bavd_kept_records_the_mask_of_every_step_per_round(tmp_path):
     """benchmarks/mupfl/bavd_kept.py on a tiny MuPFL run with BAVD on (rescaled): fractions, factors."""
-    config = tiny_config(algorithm="mupfl", rounds=2, options={"bavd": True, "num_features": 4, "tau": 1,
-                                                               "match_iterations": 2})  # fmt: skip
+    options = {"bavd": True, "bavd_map": "batch", "bavd_mask": "map", "bavd_rescale": True,  # the lr 0.005 reading
+               "num_features": 4, "tau": 1, "match_iterations": 2}  # fmt: skip
+    config = tiny_config(algorithm="mupfl", rounds=2, options=options)
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.json").write_text(config.model_dump_json())
