@@ -10,6 +10,7 @@ import pytest
 
 from fedtail.report.tables import load_reference
 from fedtail.sweep.spec import load_sweep
+from fedtail.sweep.status import run_status
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCHMARKS = ROOT / "benchmarks"
@@ -30,6 +31,20 @@ def test_benchmark_file_loads(path: Path):
     else:  # the paper's numbers for `fedtail report --reference`
         assert {"reference", "stages", "segmentation"} & set(data), f"{path}: neither a sweep nor a reference file"
         load_reference(path)
+
+
+def test_every_finished_run_is_current_against_its_sweep_file():
+    """A changed default or option that a finished run did not have makes the run stale: the report
+    then drops it and the next sweep runs it again. Caught here, not hours into a session: pin the
+    values the runs were made with in the sweep file (where they do not act) or supersede the runs."""
+    stale = []
+    for path in FILES:
+        if "out" not in tomllib.loads(path.read_text()):
+            continue
+        for run in load_sweep(path).runs:
+            if (run.dir / "summary.json").is_file() and (status := run_status(run)).state == "stale":
+                stale.append(f"{path.relative_to(ROOT)}: {run.dir.relative_to(ROOT)}: {status.note}")
+    assert not stale, "\n".join(stale)
 
 
 def test_papers_md_lists_every_table_and_figure_as_papers_toml_says():

@@ -1,62 +1,42 @@
 #!/usr/bin/env bash
-# Regenerates benchmarks/mupfl/RESULTS.md and its plots from the run folders (one section per table).
+# Regenerates benchmarks/mupfl/RESULTS.md and its plots from the run folders (one section per table),
+# and the documents of the probes and validation sweeps.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-.venv/bin/fedtail report \
-  --sweep benchmarks/mupfl/table2_fmnist.toml \
-  --sweep benchmarks/mupfl/table5_fmnist.toml \
-  --sweep benchmarks/mupfl/table6_fmnist.toml \
-  --out benchmarks/mupfl/RESULTS.md \
-  --reference benchmarks/mupfl/paper_fmnist.toml \
-  --rounds-to 80 --rounds-to 90 --clients-to 90:15,20,25 \
-  --title "MuPFL on Fashion-MNIST: Tables II, V and VI" \
-  --command "bash benchmarks/mupfl/run_all.sh"
+# report OUT-STEM TITLE SWEEP-STEM... [-- OPTION...]: benchmarks/mupfl/OUT-STEM.md from the named
+# sweep files of benchmarks/mupfl/, with any further `fedtail report` options after the "--".
+report() {
+  local out=$1 title=$2 args=()
+  shift 2
+  while (($#)) && [[ $1 != -- ]]; do args+=(--sweep "benchmarks/mupfl/$1.toml"); shift; done
+  (($#)) && shift
+  .venv/bin/fedtail report "${args[@]}" --out "benchmarks/mupfl/$out.md" --title "$title" "$@"
+}
+TABLES=(--reference benchmarks/mupfl/paper_fmnist.toml --rounds-to 80 --rounds-to 90 --clients-to 90:15,20,25)
+report RESULTS "MuPFL on Fashion-MNIST: Tables II, V and VI" table2_fmnist table5_fmnist table6_fmnist \
+  -- "${TABLES[@]}" --command "bash benchmarks/mupfl/run_all.sh"
 # The first Tables II, V and VI, at lr 0.005 decayed every 3 local epochs (a misreading of Sec. 4.1;
 # issue 64): their runs were moved under runs/superseded/lr0.005/ when the rerun at lr 0.01 began.
-.venv/bin/fedtail report benchmarks/mupfl/runs/superseded/lr0.005/fmnist \
-  --out benchmarks/mupfl/RESULTS_lr0.005.md \
-  --reference benchmarks/mupfl/paper_fmnist.toml \
-  --rounds-to 80 --rounds-to 90 --clients-to 90:15,20,25 \
-  --title "MuPFL on Fashion-MNIST: Tables II, V and VI at lr 0.005, decay every 3 local epochs (superseded, issue 64)" \
+report RESULTS_lr0.005 \
+  "MuPFL on Fashion-MNIST: Tables II, V and VI at lr 0.005, decay every 3 local epochs (superseded, issue 64)" \
+  -- benchmarks/mupfl/runs/superseded/lr0.005/fmnist "${TABLES[@]}" \
   --command "bash benchmarks/mupfl/run_all.sh, with table2/5/6_fmnist.toml at lr 0.005 (their git history before b9684191)"
-# The validation sweep that chose the open hyperparameters (held-out training samples, not test data).
-.venv/bin/fedtail report \
-  --sweep benchmarks/mupfl/validation_fmnist.toml \
-  --out benchmarks/mupfl/VALIDATION.md \
-  --title "MuPFL on Fashion-MNIST: validation runs for the open hyperparameters" \
-  --command "bash benchmarks/mupfl/run_all.sh"
-# Validation sweep 2: both stages in one document.
-.venv/bin/fedtail report \
-  --sweep benchmarks/mupfl/validation2_fmnist.toml \
-  --sweep benchmarks/mupfl/validation2_mupfl_fmnist.toml \
-  --out benchmarks/mupfl/VALIDATION2.md \
-  --title "MuPFL on Fashion-MNIST: validation sweep 2 (readings, PKCF order, BAVD variants, baselines' options)"
-# The learning-rate probe (issue 64) and the validation at the paper's lr 0.01 it led to.
-.venv/bin/fedtail report \
-  --sweep benchmarks/mupfl/lr_probe_fmnist.toml \
-  --out benchmarks/mupfl/LR_PROBE.md \
-  --title "MuPFL on Fashion-MNIST: learning-rate probe (issue 64)" \
-  --command "fedtail sweep benchmarks/mupfl/lr_probe_fmnist.toml"
-# Fig. 3(b): FedAvg's prediction probabilities of each class (issue 65).
-.venv/bin/fedtail report \
-  --sweep benchmarks/mupfl/fig3b_fmnist.toml \
-  --out benchmarks/mupfl/FIG3B.md \
-  --title "MuPFL's Fig. 3(b) on Fashion-MNIST: FedAvg's prediction probabilities of each class (issue 65)" \
-  --command "fedtail sweep benchmarks/mupfl/fig3b_fmnist.toml"
+# The validation sweeps that chose the open hyperparameters (held-out training samples, not test data).
+report VALIDATION "MuPFL on Fashion-MNIST: validation runs for the open hyperparameters" validation_fmnist \
+  -- --command "bash benchmarks/mupfl/run_all.sh"
+report VALIDATION2 \
+  "MuPFL on Fashion-MNIST: validation sweep 2 (readings, PKCF order, BAVD variants, baselines' options)" \
+  validation2_fmnist validation2_mupfl_fmnist
+# The learning-rate probe (issue 64), the validation at the paper's lr 0.01 it led to (beside the
+# probe's runs it is centred on), and the decay's "epochs" read as rounds against local epochs.
+report LR_PROBE "MuPFL on Fashion-MNIST: learning-rate probe (issue 64)" lr_probe_fmnist \
+  -- --command "fedtail sweep benchmarks/mupfl/lr_probe_fmnist.toml"
+report LR001_VALIDATION "MuPFL on Fashion-MNIST: validation at lr 0.01 (issue 64)" \
+  lr_probe_fmnist lr001_validation_fmnist
+report DECAY_PROBE "MuPFL on Fashion-MNIST: learning-rate decay probe (issue 64)" decay_probe_fmnist
 # BAVD per Eq. 6 at lr 0.01 (issue 64, item 2): every reading against BAVD off, validation data.
-.venv/bin/fedtail report \
-  --sweep benchmarks/mupfl/bavd_validation2_fmnist.toml \
-  --out benchmarks/mupfl/BAVD_VALIDATION2.md \
-  --title "MuPFL on Fashion-MNIST: BAVD per Eq. 6 (issue 64)" \
-  --command "fedtail sweep benchmarks/mupfl/bavd_validation2_fmnist.toml --seeds 0 --jobs 1"
-# The validation at lr 0.01 (issue 64, item 1), beside the lr probe's runs it is centred on.
-.venv/bin/fedtail report \
-  --sweep benchmarks/mupfl/lr_probe_fmnist.toml \
-  --sweep benchmarks/mupfl/lr001_validation_fmnist.toml \
-  --out benchmarks/mupfl/LR001_VALIDATION.md \
-  --title "MuPFL on Fashion-MNIST: validation at lr 0.01 (issue 64)"
-# The decay's "epochs" read as rounds against local epochs (issue 64, item 1).
-.venv/bin/fedtail report \
-  --sweep benchmarks/mupfl/decay_probe_fmnist.toml \
-  --out benchmarks/mupfl/DECAY_PROBE.md \
-  --title "MuPFL on Fashion-MNIST: learning-rate decay probe (issue 64)"
+report BAVD_VALIDATION2 "MuPFL on Fashion-MNIST: BAVD per Eq. 6 (issue 64)" bavd_validation2_fmnist \
+  -- --command "fedtail sweep benchmarks/mupfl/bavd_validation2_fmnist.toml --seeds 0 --jobs 1"
+# Fig. 3(b): FedAvg's prediction probabilities of each class (issue 65).
+report FIG3B "MuPFL's Fig. 3(b) on Fashion-MNIST: FedAvg's prediction probabilities of each class (issue 65)" \
+  fig3b_fmnist -- --command "fedtail sweep benchmarks/mupfl/fig3b_fmnist.toml"
