@@ -19,3 +19,8 @@ cd "$(dirname "$0")/../.."
   --out benchmarks/fedrema/PROBE.md \
   --title "FedReMa and its Table 1 baselines on Fashion-MNIST: 10-round cost probe" \
   --command "fedtail sweep benchmarks/fedrema/probe_fmnist.toml"
+# Table 2's rounds probe (issue 65): FedAvg for 500 rounds at 100 samples per client, validation data.
+.venv/bin/fedtail report \
+  --sweep benchmarks/fedrema/rounds_probe_table2_fmnist.toml \
+  --out benchmarks/fedrema/ROUNDS_PROBE_TABLE2.md \
+  --title "FedReMa's Table 2 on Fashion-MNIST: rounds probe"
