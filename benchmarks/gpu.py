@@ -357,7 +357,7 @@ def seconds_per_round(config: RunConfig, rounds: int) -> dict[str, Any]:
         for rnd in range(1, rounds + 1):
             sim.run_round(rnd)
             if config.plan.evaluates(rnd):
-                sim.evaluate(rnd, 0.0)
+                sim.evaluate(rnd)
             synchronize(sim.device)
             marks.append(time.perf_counter())
     finally:

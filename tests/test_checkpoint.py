@@ -22,7 +22,7 @@ from fedtail.report.runfiles import CHECKPOINT, CHECKPOINT_INFO
 from fedtail.runner import run_to_folder
 from helpers import PACKAGED, SMOKE, algorithm_config, invoke, same, staged, strip_timing, sweep_base
 
-TIMING = ("wall_time_s", "time_s", "samples_per_s", "pieces")  # pieces: which process ran which rounds
+TIMING = ("wall_time_s", "suspended_s", "time_s", "samples_per_s", "pieces")  # pieces: which process ran which rounds
 
 
 def no_timing(summary: dict) -> dict:

@@ -407,7 +407,7 @@ TWO_RUNS = "[settings.a05]\n[methods.fedavg]\n[methods.local]\n"
 
 def strip(obj):
     """Drop wall-clock fields so two runs can be compared exactly."""
-    timing = {"elapsed_s", "wall_time_s", "samples_per_s", "time_s"}
+    timing = {"elapsed_s", "wall_time_s", "suspended_s", "samples_per_s", "time_s"}
     if isinstance(obj, dict):
         return {k: strip(v) for k, v in obj.items() if k not in timing}
     if isinstance(obj, list):

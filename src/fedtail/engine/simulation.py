@@ -21,6 +21,10 @@ optimisation of M rounds, one per stage task, with the same sampled clients, eva
 ends; ``blocks``: M consecutive equal blocks of rounds, the last round of every block evaluated
 too. Each row adds the stage and the metrics of :mod:`fedtail.metrics.stages`.
 
+Time: ``wall_time_s`` and each row's ``elapsed_s`` are wall seconds from the run's start (a
+restored checkpoint's included), less the seconds the process was stopped (``suspended_s`` in
+``summary.json``; :mod:`fedtail.engine.clock`).
+
 Named accuracies: a client's evaluation reply may carry ``correct:NAME`` counts beside the
 headline ones (several prediction rules of one model, e.g. GLDP's global and local prototypes
 and its classifier); each row then adds ``named[NAME]``, the personalised metrics of each.
@@ -44,6 +48,7 @@ from fedtail.config import RunConfig
 from fedtail.data.base import Dataset
 from fedtail.engine import checkpoint, guard
 from fedtail.engine.callbacks import Callback
+from fedtail.engine.clock import RunClock
 from fedtail.engine.context import ServerContext, Workspace, derive_seed, initial_weights, load_weights
 from fedtail.engine.device import configure, resolve, to_host
 from fedtail.engine.executors import ClientRuntime, SerialExecutor, Task, Views, make_executor
@@ -180,7 +185,9 @@ class Simulation:
         self.rounds_done = 0  # rounds completed (those of a restored checkpoint included)
         # --sample-masks: the final evaluation's images, true and predicted masks (runner: masks.npz)
         self.masks: dict[str, np.ndarray] | None = None
+        self.clock = RunClock()  # wall seconds, the process's stops left out (engine/clock.py)
         self.elapsed_before = 0.0  # wall seconds spent before a restored checkpoint
+        self.suspended_before = 0.0  # ... and the stops left out of them
         local = self.executor_factory is None
         serial = local and config.workers == 1
         runtime = ClientRuntime(config, self.dataset, self.partition, self.device) if serial else None
@@ -203,8 +210,7 @@ class Simulation:
     def run(self) -> dict[str, Any]:
         """The remaining rounds (all, or those after a restored checkpoint); returns the summary."""
         config = self.config
-        start = time.perf_counter() - self.elapsed_before
-        self.started = start
+        self.clock.start(self.elapsed_before, self.suspended_before)
         try:
             for cb in self.callbacks:
                 cb.on_run_start(self, self.rounds_done)
@@ -212,22 +218,23 @@ class Simulation:
                 self.run_round(rnd)
                 row = None
                 if config.plan.evaluates(rnd):
-                    row = self.evaluate(rnd, time.perf_counter() - start)
+                    row = self.evaluate(rnd)
                 self.rounds_done = rnd
                 for cb in self.callbacks:
                     cb.on_round_end(self, rnd, row)
         finally:
             self.executor.close()
             self.client_state.close()  # a disk store's folder goes with the run
-        summary = self.record.summary(self.meter, time.perf_counter() - start, config.rounds)
+        summary = self.record.summary(self.meter, self.clock.elapsed(), config.rounds)
+        summary["suspended_s"] = self.clock.suspended()
         summary |= guard.run_summary(config, self.rounds_done, self._secret is not None)
         for cb in self.callbacks:
             cb.on_run_end(self, summary)
         return summary
 
     def elapsed(self) -> float:
-        """Wall seconds of the run so far (those before a restored checkpoint included)."""
-        return time.perf_counter() - self.started
+        """Wall seconds of the run so far (those before a restored checkpoint included), stops excluded."""
+        return self.clock.elapsed()
 
     def lazily(self, tasks: Iterator[Task]) -> Iterator[Task] | list[Task]:
         """``tasks`` as the executor takes them: built one at a time for the engine's in-process
@@ -238,8 +245,8 @@ class Simulation:
 
     def diverged_summary(self, err: RunDiverged) -> dict[str, Any]:
         """``summary.json`` of a run that :meth:`run` stopped with ``err``."""
-        elapsed = time.perf_counter() - self.started
-        summary = self.record.diverged(self.meter, elapsed, self.config.rounds, err.round, err.cause)
+        summary = self.record.diverged(self.meter, self.clock.elapsed(), self.config.rounds, err.round, err.cause)
+        summary["suspended_s"] = self.clock.suspended()
         summary |= guard.run_summary(self.config, self.rounds_done, self._secret is not None)  # ε so far
         return summary | {"rounds_log": self.round_logs}  # the rounds after the last evaluation row
 
@@ -252,6 +259,7 @@ class Simulation:
             "config": self.config.model_dump(mode="json"),
             "round": self.rounds_done,
             "elapsed_s": elapsed,
+            "suspended_s": self.clock.suspended(),
             # device-neutral: a checkpoint written on a GPU resumes on a CPU and back
             "server": enc(to_host(self.server.state_dict()), f"{self.config.algorithm} server state"),
             "edge": enc(to_host(self.edge.state_dict()), f"{self.config.algorithm} edge state"),
@@ -279,6 +287,7 @@ class Simulation:
         self.round_logs = dec(state["round_logs"])
         self.rounds_done = state["round"]
         self.elapsed_before = state["elapsed_s"]
+        self.suspended_before = state.get("suspended_s", 0.0)  # absent from checkpoints before engine/clock.py
         checkpoint.set_rng_state(state["rng"])
         if "executor" in state and not hasattr(self.executor, "restore_checkpoint"):
             raise checkpoint.CheckpointError("the checkpoint is of a Flower run, whose client states are on its nodes: resume it on Flower")
@@ -325,7 +334,7 @@ class Simulation:
             if where:
                 raise RunDiverged(rnd, f"non-finite value in {what} ({where})")
 
-    def evaluate(self, rnd: int, elapsed: float) -> dict[str, Any]:
+    def evaluate(self, rnd: int) -> dict[str, Any]:
         start = time.perf_counter()
         config = self.config
         cids = list(range(self.num_clients))
@@ -385,7 +394,7 @@ class Simulation:
             eps = guard.epsilon(config, rnd)
             row["epsilon"] = eps if np.isfinite(eps) else None
         self.meter.eval_s += time.perf_counter() - start
-        row["elapsed_s"] = elapsed + (time.perf_counter() - start)
+        row["elapsed_s"] = self.clock.elapsed()  # the run's wall seconds to the end of this evaluation
         row["samples_trained"] = self.meter.samples_trained
         row["bytes_down"] = self.meter.bytes_down
         row["bytes_up"] = self.meter.bytes_up
