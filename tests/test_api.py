@@ -177,9 +177,12 @@ def test_a_model_and_a_dataset_by_import_path(monkeypatch):
     monkeypatch.syspath_prepend(str(EXAMPLES))
     cnn = fedtail.run(model="my_model:tiny_cnn", dataset="digits", clients=4, rounds=1, out=None)
     assert cnn.summary["status"] == "finished"
+    # tiny_cnn's weights went down: conv 16·(9+1) + 256·32+32 + head 32·10+10 = 8714 float32, one client a round
+    assert cnn.summary["bytes"]["down"] == 4 * 8714 * cnn.config.clients_per_round
     blobs = fedtail.run(dataset="my_data:blobs", model="mlp", clients=4, rounds=1, out=None,
                         set={"dataset_options.num_classes": 4})  # fmt: skip
     assert blobs.summary["status"] == "finished" and len(blobs.summary["final"]) > 0
+    assert blobs.partition["num_classes"] == 4 and blobs.partition["num_kept"] == 320  # 80 % of 4 x 100 blobs
 
 
 def test_entry_points_register_names_that_fedtail_list_shows(plugin, tmp_path, monkeypatch):

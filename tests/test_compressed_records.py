@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import gzip
 import json
+import shutil
+import time
 
 from fedtail.api import load_run
 from fedtail.report.collect import Run
@@ -32,8 +34,15 @@ def test_compressed_folder_reads_as_the_plain_one(tmp_path):
     assert after.metrics() == rows_before and (after.class_counts() == counts_before).all()
     assert rounds_done(result.out) == done_before > 0
     assert len(load_runs(tmp_path)) == 1
-    # the same content gives the same bytes (no timestamp in the gzip header); a second call does nothing
-    assert compress_records(result.out) == []
+    assert compress_records(result.out) == []  # a second call does nothing
+    # the same content gives the same bytes (no timestamp or name in the gzip header)
+    twin = tmp_path / "twin"
+    shutil.copytree(result.out, twin)
+    (twin / "metrics.jsonl").write_text(metrics)
+    (twin / "metrics.jsonl.gz").unlink()
+    time.sleep(1.1)  # a gzip header with a timestamp would now differ
+    assert compress_records(twin) == [twin / "metrics.jsonl.gz"]
+    assert (twin / "metrics.jsonl.gz").read_bytes() == (result.out / "metrics.jsonl.gz").read_bytes()
 
 
 def test_an_unfinished_run_is_left_alone(tmp_path):

@@ -201,6 +201,8 @@ def test_shuffles_are_drawn_on_the_cpu_generator_and_land_on_the_index_device():
     a = shuffled(index, torch.Generator().manual_seed(3))
     b = index[torch.randperm(10, generator=torch.Generator().manual_seed(3))]
     assert torch.equal(a, b)  # the stream and the order of the CPU runs are kept
+    on_meta = shuffled(index.to("meta"), torch.Generator().manual_seed(3))  # drawn on the CPU, indexed on the device
+    assert on_meta.device.type == "meta" and on_meta.shape == index.shape
 
 
 # What reads a tensor's value back to the host (on a GPU each waits for the device): item() and

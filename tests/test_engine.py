@@ -300,7 +300,7 @@ def test_a_step_hook_sees_every_pass_and_step_and_adds_its_term():
     assert any(not torch.equal(results[0][k], results[2][k]) for k in results[0])
 
 
-def test_on_epoch_is_called_before_every_pass_over_the_data():
+def test_the_batch_schedule_marks_a_new_pass_at_every_reshuffle():  # the hook call itself: the test above
     import torch
 
     from fedtail.engine.training import _schedule

@@ -15,7 +15,7 @@ from fedtail.algorithms.mupfl.bavd import ActivationMaps, keep_mask, threshold, 
 from fedtail.models import build_model
 from fedtail.engine.training import evaluate as evaluate_model
 from fedtail.errors import ConfigError
-from helpers import evaluate, run, run_with_summary, runtime, simulation
+from helpers import evaluate, run, run_with_summary, runtime, simulation, strip_timing
 
 # match lr and feature scale of CReFF: the library defaults (lr 100, σ 0.1) suit 3136-dimensional
 # features, not the tiny model's, where lr 100 blows the features up.
@@ -72,10 +72,9 @@ def test_bavd_is_the_identity_in_evaluation_and_after_detaching():
         assert not torch.equal(model(x), expected)  # training: masked
         model.eval()
     model.train()
-    trained_plain = model(x)
+    assert torch.equal(model(x), expected)  # detached: training is unmasked again (no dropout, no BatchNorm)
     model.eval()
-    assert torch.equal(model.eval()(x), expected)
-    assert trained_plain.shape == expected.shape
+    assert torch.equal(model(x), expected)
 
 
 def test_bavd_map_follows_equation_6_and_the_sign_option():
@@ -166,8 +165,7 @@ def test_acmu_on_gram_coordinates_equals_kmeans_on_the_full_vectors(with_maps):
     assert points.points.shape[1] <= 24 and points.dim == 3000 + (40 if with_maps else 0)
     for k, (labels, inertia, sil) in ref.items():
         km = kmeans(points.points, k, 7, dim=points.dim)
-        assert adjusted_rand_score(labels, km.labels_) == pytest.approx(1.0)
-        assert np.array_equal(labels, km.labels_)
+        assert adjusted_rand_score(labels, km.labels_) == pytest.approx(1.0)  # the partition (labels may permute)
         assert km.inertia_ == pytest.approx(inertia, rel=1e-5)
     found = cluster_clients(points, kappa=None, kappa_min=2, kappa_max=6, seed=7)
     for k, score in found.scores.items():
@@ -213,7 +211,7 @@ def test_mupfl_runs_logs_clusters_and_is_deterministic():
     config = mupfl_config()
     summary, rows, _ = run_with_summary(config)
     summary2, rows2, _ = run_with_summary(config)
-    assert rows[-1]["per_client_acc"] == rows2[-1]["per_client_acc"]
+    assert strip_timing(rows) == strip_timing(rows2)  # the same computation twice: bit-identical
     assert summary["final"]["personalized_acc"] > 0.3  # 5 classes: chance is 0.2
     log = rows[-1]["rounds_log"][-1]
     (record,) = log["acmu"]

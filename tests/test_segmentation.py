@@ -310,6 +310,8 @@ def test_mupfl_with_bavd_and_creff_match_per_pixel_features(fmnist_dir):
     summary, _, sim = run_with_summary(seg_config(fmnist_dir, algorithm="mupfl", edges=2, rounds=2,
                                                   options={"bavd": True}))  # fmt: skip
     assert summary["final"]["personalized_miou"] is not None
+    trained = [state for _, state in sim.client_state.items() if "bavd" in state]
+    assert trained and sim.server.matched  # BAVD kept maps of the body's activations; PKCF matched features
     summary, _, sim = run_with_summary(seg_config(fmnist_dir, algorithm="creff", rounds=2))
     assert summary["final"]["global_miou"] is not None and sim.server.features.features.shape[-1] == 64
 

@@ -64,15 +64,15 @@ def test_gram_coordinates_of_identical_rows_are_one_zero_column():
     assert np.array_equal(gram_coordinates(centred_gram(torch.ones(4, 30))), np.zeros((4, 1)))
 
 
-def test_kmeans_on_gram_coordinates_has_the_labels_and_inertia_of_kmeans_on_the_vectors():
+def test_kmeans_on_gram_coordinates_has_the_partition_and_inertia_of_kmeans_on_the_vectors():
     rows, truth = planted(groups=5, per_group=8, dim=4000, spread=1.0, seed=1)
     x = rows.double().numpy()
     y = gram_coordinates(centred_gram(rows))
     for k in (2, 3, 5, 7):
         ref = KMeans(n_clusters=k, n_init=10, random_state=3).fit(x)
         ours = kmeans(y, k, 3, n_init=10, dim=x.shape[1])
+        # the same partition (its label numbering may differ where restarts tie within rounding: clustering.kmeans)
         assert adjusted_rand_score(ref.labels_, ours.labels_) == pytest.approx(1.0)
-        assert np.array_equal(ref.labels_, ours.labels_)  # labels too (rounding-level ties aside, clustering.kmeans)
         assert ours.inertia_ == pytest.approx(ref.inertia_, rel=1e-5)
 
 

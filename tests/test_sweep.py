@@ -321,8 +321,15 @@ def test_a_claim_being_written_is_never_read_half_written(tmp_path):
     got: list = []
     with folder_lock(tmp_path):  # another sweep between creating its claim and writing it
         path.write_text("")
-        waiting = threading.Thread(target=lambda: got.append(PidLock(path).try_acquire()))
+        started = threading.Event()
+
+        def take() -> None:
+            started.set()
+            got.append(PidLock(path).try_acquire())
+
+        waiting = threading.Thread(target=take)
         waiting.start()
+        assert started.wait(30)  # it is about to take the claim (on a loaded machine, not at once)
         waiting.join(0.3)
         assert waiting.is_alive() and not got  # blocked, not taking the empty file over
         path.write_text(json.dumps({"pid": os.getpid(), "host": os.uname().nodename}))
