@@ -13,7 +13,7 @@ report() {
   .venv/bin/fedtail report "${args[@]}" --out "benchmarks/mupfl/$out.md" --title "$title" "$@"
 }
 TABLES=(--reference benchmarks/mupfl/paper_fmnist.toml --rounds-to 80 --rounds-to 90 --clients-to 90:15,20,25)
-report RESULTS "MuPFL on Fashion-MNIST: Tables II, V and VI" table2_fmnist table5_fmnist table6_fmnist \
+report RESULTS "MuPFL on Fashion-MNIST: Tables I, II, V and VI" table2_fmnist table5_fmnist table6_fmnist table1_fmnist \
   -- "${TABLES[@]}" --command "bash benchmarks/mupfl/run_all.sh"
 # The first Tables II, V and VI, at lr 0.005 decayed every 3 local epochs (a misreading of Sec. 4.1;
 # issue 64): their runs were moved under runs/superseded/lr0.005/ when the rerun at lr 0.01 began.
