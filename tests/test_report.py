@@ -611,6 +611,31 @@ def test_fedrema_similarity_heatmaps_from_a_fabricated_log(tmp_path):
     assert plot_similarity(rows[:1] and [{"round": 1, "rounds_log": [{"round": 1}]}], tmp_path / "none.png") is False
 
 
+def test_a_stopped_process_shows_as_a_jump_of_elapsed_s_and_the_report_warns(tmp_path):
+    from fedtail.report.analyses import stops
+
+    steady = [{"round": r, "elapsed_s": 40.0 * r + (3.0 if r % 3 else 0.0)} for r in range(2, 42, 2)]
+    assert stops(steady) == []  # load varies a round's time by seconds
+    slow = [{"round": r, "elapsed_s": 40.0 * min(r, 20) + 100.0 * max(r - 20, 0)} for r in range(2, 42, 2)]
+    assert stops(slow) == []  # a machine twice as busy from round 20 on is not a stop
+    stopped = [dict(row, elapsed_s=row["elapsed_s"] + (1000.0 if row["round"] >= 30 else 0.0)) for row in steady]
+    ((a, b, excess),) = stops(stopped)
+    assert (a, b) == (28, 30) and excess == pytest.approx(1000.0, abs=5.0)
+    short = [dict(row, elapsed_s=row["elapsed_s"] + (200.0 if row["round"] >= 30 else 0.0)) for row in steady]
+    assert stops(short) == []  # under 300 s: not told apart from load
+    root = tmp_path / "runs"
+    for seed, rows in ((0, steady), (1, stopped)):
+        make_run(root / "s" / "fedavg" / f"seed{seed}", seed=seed, final=0.8, best=0.8, best_round=40, rounds=40)
+        path = root / "s" / "fedavg" / f"seed{seed}" / "metrics.jsonl"
+        path.write_text("".join(json.dumps({"round": r["round"], "personalized_acc": 0.8, "elapsed_s": r["elapsed_s"],
+                                            "rounds_log": []}) + "\n" for r in rows))  # fmt: skip
+    md = tmp_path / "R.md"
+    assert invoke("report", root, "--out", md).exit_code == 0
+    warnings = md.read_text().split("## Warnings")[1]
+    assert re.search(r"seed1: its process stood stopped \(about (99\d|100\d) s between rounds 28 and 30", warnings)
+    assert "seed0" not in warnings
+
+
 def test_clients_to_counts_the_seconds_until_k_clients_reach_a_level(tmp_path):
     """``--clients-to 70:2,3`` (MuPFL's Fig. 8(a)): the first evaluation where k clients reach 70 %, its seconds."""
     from fedtail.errors import FedtailError

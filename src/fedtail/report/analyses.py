@@ -107,6 +107,39 @@ def first_clients_at(rows: list[dict[str, Any]], level: float, k: int) -> tuple[
     return None
 
 
+STOP_FACTOR = 5.0  # an interval this many times the run's median pace (or more) ...
+STOP_SECONDS = 300.0  # ... and this many seconds longer than that pace holds a stop of the process
+
+
+def stops(rows: list[dict[str, Any]]) -> list[tuple[int, int, float]]:
+    """(round, next evaluated round, excess seconds) where a run's ``elapsed_s`` jumps: an interval
+    between evaluations at least :data:`STOP_FACTOR` times the run's median seconds per round for its
+    rounds and :data:`STOP_SECONDS` longer, which load on a machine does not give but a stopped
+    process (``kill -STOP``, a machine asleep) does. Runs made since ``engine/clock.py`` leave stops
+    of 5 s or more out of ``elapsed_s``, so this finds the stops of older runs."""
+    points = sorted((int(r["round"]), float(r["elapsed_s"])) for r in rows
+                    if isinstance(r.get("round"), int) and isinstance(r.get("elapsed_s"), (int, float)))  # fmt: skip
+    steps = [(a, b, (t1 - t0) / (b - a), t1 - t0) for (a, t0), (b, t1) in zip(points, points[1:]) if b > a]
+    if len(steps) < 3:
+        return []
+    pace = statistics.median(rate for _, _, rate, _ in steps)
+    return [(a, b, gap - pace * (b - a)) for a, b, _, gap in steps
+            if gap >= STOP_FACTOR * pace * (b - a) and gap - pace * (b - a) >= STOP_SECONDS]  # fmt: skip
+
+
+def stop_notes(runs: Sequence[Run]) -> list[str]:
+    """One line per finished run whose times hold a stop (:func:`stops`)."""
+    out = []
+    for run in runs:
+        found = stops(run.metrics()) if run.finished else []
+        if found:
+            spans = ", ".join(f"about {excess:.0f} s between rounds {a} and {b}" for a, b, excess in found)
+            out.append(f"{run.dir}: its process stood stopped ({spans}: elapsed_s jumped to at least "
+                       f"{STOP_FACTOR:g} times the run's median seconds per round); its wall times and time to "
+                       "accuracy count those seconds")
+    return out
+
+
 def clients_to_text(runs: list[Run], level: float, k: int) -> str:
     """A cell: mean ± std of the seconds (and rounds) over the seeds whose k clients reached ``level``."""
     if not runs:

@@ -33,7 +33,7 @@ from fedtail.report.blocks import (
     sensitivity_block,
     warnings_block,
 )
-from fedtail.report.analyses import ClientsTo, check_levels, sensitivity_groups
+from fedtail.report.analyses import ClientsTo, check_levels, sensitivity_groups, stop_notes
 from fedtail.report.collect import Collection, collect
 from fedtail.report.tables import Reference, costs_table, load_reference, unused_reference
 
@@ -78,7 +78,7 @@ def write_report(
         raise FedtailError(
             "report: no run folders (config.json / summary.json) under " + ", ".join(str(p) for p in paths)
         )
-    result = ReportResult(out, warnings=list(col.warnings), collection=col)
+    result = ReportResult(out, warnings=list(col.warnings) + stop_notes(col.runs), collection=col)
     out.parent.mkdir(parents=True, exist_ok=True)
 
     groups = sensitivity_groups(col)

@@ -45,7 +45,7 @@ from fedtail.report.blocks import (
     slug,
     warnings_block,
 )
-from fedtail.report.analyses import ClientsTo, sensitivity_groups
+from fedtail.report.analyses import ClientsTo, sensitivity_groups, stop_notes
 from fedtail.report.collect import Collection, Run, load_run, with_named
 from fedtail.report.document import ReportResult, check_inputs
 from fedtail.report.tables import Reference, costs_table_of
@@ -183,6 +183,7 @@ def write_sweep_report(
     warnings: list[str] = []
     cache: dict[Path, Run | None] = {}
     sections = [load_section(f, cache, warnings) for f in files]
+    warnings += stop_notes([run for run in cache.values() if run is not None])  # each run once
     warnings = list(dict.fromkeys(warnings))  # a shared folder warns once
     out.parent.mkdir(parents=True, exist_ok=True)
 
