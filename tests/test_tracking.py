@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 
@@ -14,14 +15,17 @@ from fedtail.report.runfiles import config_diff
 from fedtail.runner import run_to_folder
 from helpers import tiny_config
 
-pytest.importorskip("tensorboard")
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
-
 TINY = dict(dataset="synthetic", model="mlp", clients=6, rounds=4, fraction=0.5, batch_size=16, lr=0.05,
             set={"dataset_options.num_classes": 5})  # fmt: skip
 
 
+# the [tracking] extra, which `make test` installs; the MLflow tests and the error tests do not need it
+TENSORBOARD = pytest.mark.skipif(importlib.util.find_spec("tensorboard") is None, reason="needs tensorboard")
+
+
 def events(folder):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     acc = EventAccumulator(str(folder), size_guidance={"scalars": 0, "histograms": 0, "tensors": 0})
     acc.Reload()
     return acc
@@ -31,6 +35,7 @@ def rows_of(folder):
     return [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
 
 
+@TENSORBOARD
 def test_tensorboard_holds_each_evaluation_as_metrics_jsonl_does(tmp_path):
     out = tmp_path / "r"
     fedtail.run(algorithm="fedavg", out=out, log=["tensorboard"], eval_every=2, **TINY)
@@ -52,6 +57,7 @@ def test_tensorboard_holds_each_evaluation_as_metrics_jsonl_does(tmp_path):
     assert events(tmp_path / "tb").Scalars("accuracy/personalized")[-1].step == 4
 
 
+@TENSORBOARD
 def test_a_resumed_run_continues_one_log(tmp_path):
     config = tiny_config(rounds=5, checkpoint_every=2, log=["tensorboard"])
     out = tmp_path / "cut"
