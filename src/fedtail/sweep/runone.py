@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
 
 
@@ -58,7 +57,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _progress(rounds: int):
-    start = time.perf_counter()
     started = False
 
     def on_round(rnd: int, row: dict | None) -> None:
@@ -69,7 +67,9 @@ def _progress(rounds: int):
         if row is not None:
             acc = row.get("personalized_acc")
             shown = f"{acc:.4f}" if isinstance(acc, float) else "n/a"
-            print(f"round {rnd}/{rounds}: personalized_acc {shown}, {time.perf_counter() - start:.0f} s", flush=True)
+            seconds = row.get("elapsed_s")  # the run's time: earlier pieces in, stops out (engine/clock.py)
+            when = f"{seconds:.0f} s" if isinstance(seconds, (int, float)) else "n/a"
+            print(f"round {rnd}/{rounds}: personalized_acc {shown}, {when}", flush=True)
 
     return on_round
 
