@@ -175,8 +175,10 @@ class Runner:
         if summary is None:
             return RunOutcome(run, False, minutes, error=f"exit code {proc.returncode}\n" + tail(log))
         wall = summary.get("wall_time_s")
-        if resume and isinstance(wall, (int, float)):
-            minutes = wall / 60  # the whole run's time (before the checkpoint too), not this part's
+        if isinstance(wall, (int, float)):
+            # the run's own time: the part before a checkpoint in, the seconds it stood stopped out
+            # (engine/clock.py); the process's wall clock would count a `kill -STOP` pause
+            minutes = wall / 60
         return RunOutcome(run, True, minutes, summary)
 
     def stop(self) -> None:
