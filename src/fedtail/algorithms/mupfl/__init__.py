@@ -26,7 +26,7 @@ w_i^(t−1))" (the client's own previous model, not w_global^(t−1)); line 29 /
 (Sec. 3.4); and the introduction's ACMU, "employing cosine similarity to guide cluster
 formation for personalized model updates". Under the other reading a cluster's mean update
 only reweights the updates FedAvg averages, so ACMU does not personalise at all (Table V's
-flat κ row in ``benchmarks/mupfl/RESULTS.md``). ``"global-start"`` (the default, the reading
+flat κ row in ``benchmarks/mupfl/RESULTS_lr0.005.md``). ``"global-start"`` (the default, the reading
 validation chose): a client starts from the global body with its own classifier and keeps its
 trained w_i^t; w̃_i only feeds the average. It follows Sec. 3.5, "After classifier tuning,
 client i will use the new parameters w_i^{t+1} = (u_i^{t+1}, v_glo^{t+1}) for local model
@@ -75,22 +75,14 @@ personal reading each client then shares nothing but the federated features),
 **What acts under the default** (the configuration ``benchmarks/mupfl`` validated; its README,
 "Choices the paper leaves open", holds every validation table):
 
-- BAVD: off (``bavd = false``): no reading of Eq. 6 beat plain training on validation data by the
-  margin (at lr 0.01 the best, the epoch map with the value mask, is +0.08 points); with it on, its
-  sub-options default to that best reading (map of Eq. 6 started again every local epoch, each
-  activation compared with μ by its own value, C×H×W, ψ −1, not rescaled, last activation,
-  identity at evaluation; ``benchmarks/mupfl/README.md``, "BAVD at lr 0.01"; the reading chosen
-  at lr 0.005, the batch mask rescaled, diverges at 0.01). Eq. 6 as written is ``bavd_map = "accumulated", psi_sign = 1,
-  bavd_rescale = false, bavd_layers = None``; ``bavd_map = "epoch" | "round"`` start the map again
-  every local epoch or round and ``bavd_eval`` masks at evaluation too (:mod:`.bavd`). Without BAVD
-  there are no maps, ACMU's Dist (Eq. 8) compares updates only and α has no effect.
-- ACMU: clusters each edge's updates, but its w̃_i only feed Eq. 15's average (``reading =
-  "global-start"``), so it changes the evaluated model only through the global body a client
-  starts from; every reading that makes w̃_i the evaluated model lost to the client's own trained
-  model on validation data.
-- PKCF: each client tunes its classifier τ epochs on the federated features just before its local
-  epochs (``pkcf_order = "before-local"``; after aggregation lost on validation data), so the
-  evaluated model starts from the tuned classifier.
+- BAVD: does not act (``bavd = false``): no reading of Eq. 6 beat plain training by the margin on
+  validation data; ``--set mupfl.bavd=true`` runs the best one (:mod:`.bavd` holds its readings).
+- ACMU: acts only through the global body each client starts from (``reading = "global-start"``:
+  its w̃_i reweight Eq. 15's average; the readings that evaluate w̃_i lost on validation data).
+- PKCF: acts: each client tunes its classifier τ epochs on the federated features just before its
+  local epochs (``pkcf_order = "before-local"``), so the evaluated model starts from that classifier.
+
+Without BAVD there are no maps: ACMU's Dist (Eq. 8) compares updates only and α has no effect.
 
 Real gradients (Eq. 16): taken after the local epochs with the client's own body f_i(u_i) and
 classifier v_i, as Algorithm 1 computes z_i^k (lines 19–20) after its training loop (lines 15–18);
@@ -471,8 +463,9 @@ class MuPFLClient(PersonalClient):
 
 MUPFL = Algorithm(
     name="mupfl",
-    summary="MuPFL (Zhang et al. 2024): BAVD dropout, ACMU edge clustering, PKCF classifier tuning; by default "
-    "PKCF tunes each classifier before local training, ACMU only reweights the global average, BAVD is off",
+    summary="MuPFL (Zhang et al. 2024): BAVD dropout, ACMU edge clustering, PKCF classifier tuning. By default "
+    "PKCF acts (each classifier tuned before local training), ACMU acts only through the global body (it "
+    "reweights the average), BAVD is off",
     server=MuPFLServer,
     client=MuPFLClient,
     config=MuPFLConfig,
