@@ -208,6 +208,22 @@ def test_cli_reports_bad_cityscapes_files_in_one_error_line(tmp_path, monkeypatc
     assert not (tmp_path / "run" / "summary.json").exists()
 
 
+def test_cli_reports_a_mask_label_outside_the_classes_in_one_error_line(tmp_path, monkeypatch):
+    import fedtail.data.segmentation as seg
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    write_cityscapes(tmp_path / "cityscapes", n_train=2, n_val=1, size=(20, 40))
+    table = seg.cityscapes_train_ids()
+    table[table == 0] = 50  # road's train id, out of the 20 classes
+    monkeypatch.setattr(seg, "cityscapes_train_ids", lambda: table)
+    result = invoke("run", "-a", "fedavg", "--dataset", "cityscapes", "--data-dir", tmp_path, "--model", "seg-tiny",
+                    "--partition", "semantic", "--clients", "2", "--rounds", "1", "--out", tmp_path / "run")  # fmt: skip
+    assert result.exit_code != 0
+    errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "mask value 50 is no class" in errors[0], result.output
+    assert "Traceback" not in result.output and not (tmp_path / "run" / "summary.json").exists()
+
+
 # --- partition -------------------------------------------------------------------------------------
 
 def test_semantic_partition_keeps_beta_classes_per_client_and_cuts_head_and_tail_by_pixels(fmnist_dir):
@@ -222,6 +238,23 @@ def test_semantic_partition_keeps_beta_classes_per_client_and_cuts_head_and_tail
     assert summary["global_train_pixel_counts"] == pixels.tolist()
     head, _, tail = part.class_frequency_groups()
     assert min(pixels[head]) >= max(pixels[tail])
+
+
+def test_cli_partition_semantic_writes_and_prints_each_clients_classes(fmnist_dir, tmp_path):
+    out = tmp_path / "part.json"
+    result = invoke("partition", "--dataset", "fmnist-seg", "--data-dir", fmnist_dir, "--set", "model=seg-tiny",
+                    "--partition", "semantic", "--clients", "5", "--classes-per-client", "2", "--imbalance", "10",
+                    "--set", "dataset_options.size=16", "--set", "dataset_options.train=120",
+                    "--set", "dataset_options.test=40", "--set", "dataset_options.scale=[6,12]",
+                    "--set", "dataset_options.cache=false", "--out", out)  # fmt: skip
+    assert result.exit_code == 0, result.output
+    summary = json.loads(out.read_text())
+    assert [c["classes"] for c in summary["clients"]] == [[2 * k, 2 * k + 1] for k in range(5)]
+    assert "0: 0,1; 1: 2,3; 2: 4,5; 3: 6,7; 4: 8,9" in result.output
+    pixels = summary["global_train_pixel_counts"]
+    assert f"training pixels per class (the long tail, background left out): {', '.join(map(str, pixels))}" in result.output
+    assert pixels[0] > pixels[-1]  # IF 10 on top: the head class has more pixels than the tail
+    assert out.with_suffix(".png").stat().st_size > 1000
 
 
 def test_semantic_partition_needs_a_segmentation_dataset_and_a_matching_model(fmnist_dir):
@@ -369,6 +402,26 @@ def test_sampled_masks_are_written_and_the_report_draws_them_beside_a_segmentati
     assert result.exit_code == 0, result.output
     text = md.read_text()
     assert "segmentation metrics" in text and "s mIoU" in text and "](R-masks-s.png)" in text
+    # every value by name, the global view of the run with a global model, and the per-class IoU by class name
+    assert "Final-round segmentation metrics by name" in text
+    assert "| setting | method | seeds | pixel acc | mIoU | pooled mIoU | mAcc | pooled mAcc | head IoU |" in text
+    by_name = text.split("Final-round segmentation metrics by name")[1].split("Per-class IoU")[0]
+    assert sum(line.startswith("| s | fedavg | 1 |") for line in by_name.splitlines()) == 2  # personalised, global
+    assert "| setting | method | seeds | pixel acc | mIoU | mAcc | head IoU | middle IoU | tail IoU |" in by_name
+    assert "| setting | method | seeds | T-shirt/top | Trouser |" in text and "| background |" in text
+    fedavg = json.loads((root / "s" / "fedavg" / "seed0" / "summary.json").read_text())
+    per_class = [row for row in map(json.loads, (root / "s" / "fedavg" / "seed0" / "metrics.jsonl").read_text().splitlines())
+                 if "per_class_iou" in row][-1]["per_class_iou"]
+    row = next(line for line in text.split("Per-class IoU")[1].splitlines() if line.startswith("| s | fedavg |"))
+    shown = [c.strip() for c in row.strip("|").split("|")][3:]
+    assert len(shown) == len(per_class) == 11
+    for value, cell in zip(per_class, shown):
+        assert cell == ("—" if value is None else f"{100 * value:.2f}")
+    # rounds to the targets count the mIoU (pixel accuracy is mostly background)
+    assert fedavg["rounds_to_key"] == "personalized_miou"
+    miou = {r["round"]: r["personalized_miou"] for r in map(json.loads, (root / "s" / "fedavg" / "seed0" / "metrics.jsonl").read_text().splitlines()) if "personalized_miou" in r}
+    for target, rnd in fedavg["rounds_to_accuracy"].items():
+        assert rnd is None or miou[rnd] >= float(target) - 1e-12
     assert (tmp_path / "R-masks-s.png").stat().st_size > 5000
     assert "Personalised mIoU per round" in text
     assert not (root / "s" / "fedavg" / "seed0" / MASKS).with_name("masks.npz.tmp.npz").exists()

@@ -40,3 +40,9 @@ report BAVD_VALIDATION2 "MuPFL on Fashion-MNIST: BAVD per Eq. 6 (issue 64)" bavd
 # Fig. 3(b): FedAvg's prediction probabilities of each class (issue 65).
 report FIG3B "MuPFL's Fig. 3(b) on Fashion-MNIST: FedAvg's prediction probabilities of each class (issue 65)" \
   fig3b_fmnist -- --command "fedtail sweep benchmarks/mupfl/fig3b_fmnist.toml"
+# Segmentation on fmnist-seg (issue 67): the validation of the methods' options, then Tables III and
+# IV beside the paper's Cityscapes numbers (with Fig. 9's masks, which the Table III and IV runs sample).
+report SEG_VALIDATION "MuPFL segmentation on fmnist-seg: validation (issue 67)" validation_seg_fmnist \
+  -- --command "fedtail sweep benchmarks/mupfl/validation_seg_fmnist.toml"
+report SEGMENTATION "MuPFL on fmnist-seg: Tables III and IV and Fig. 9 (segmentation, issue 67)" \
+  table3_fmnist_seg table4_fmnist_seg -- --reference benchmarks/mupfl/paper_cityscapes.toml

@@ -557,6 +557,14 @@ def partition_cmd(
     typer.echo(
         f"{len(sizes)} clients, {sum(sizes)} training samples (min {min(sizes)}, max {max(sizes)}) -> {out}, {png}"
     )
+    if part.clients and part.clients[0].classes is not None:  # --partition semantic
+        kept = [[int(x) for x in c.classes] for c in part.clients]
+        shown = "; ".join(f"{k}: {','.join(map(str, cls))}" for k, cls in enumerate(kept[:12]))
+        typer.echo(f"classes each client keeps (the rest its background): {shown}"
+                   + (f"; ... ({len(kept) - 12} more in {out.name})" if len(kept) > 12 else ""))  # fmt: skip
+        if part.pixel_counts is not None:
+            pixels = [int(v) for v in part.pixel_counts]
+            typer.echo(f"training pixels per class (the long tail, background left out): {', '.join(map(str, pixels))}")
     if part.clients and part.clients[0].stages:
         per_stage = [len(st.classes) for c in part.clients for st in c.stages]
         held = [len({int(x) for st in c.stages for x in st.classes}) for c in part.clients]

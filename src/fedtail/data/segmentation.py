@@ -55,6 +55,8 @@ CITYSCAPES_CLASSES = (
     "road", "sidewalk", "building", "wall", "fence", "pole", "traffic light", "traffic sign", "vegetation",
     "terrain", "sky", "person", "rider", "car", "truck", "bus", "train", "motorcycle", "bicycle", "background",
 )  # fmt: skip
+# The class names of each segmentation data set, by its registry name (the report's per-class tables).
+CLASS_NAMES = {"fmnist-seg": FMNIST_SEG_CLASSES, "cityscapes": CITYSCAPES_CLASSES}
 CITYSCAPES_LABEL_IDS = (7, 8, 11, 12, 13, 17, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 31, 32, 33)
 CITYSCAPES_MEAN = (0.485, 0.456, 0.406)  # ImageNet's, as MobileNet-V3's pretraining and torchvision use
 CITYSCAPES_STD = (0.229, 0.224, 0.225)

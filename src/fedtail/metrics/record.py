@@ -6,7 +6,8 @@ Figure 4 plots "the test accuracy of our selected participating clients in the f
 rounds"). With stage tasks the best is taken among the rows of the final set of seen stages.
 Named accuracies (several prediction rules of one evaluation) get the same three entries each.
 Segmentation runs add their mIoU / mAcc entries (:data:`~fedtail.metrics.segmentation.SEGMENTATION_KEYS`);
-their accuracies are pixel accuracies.
+their accuracies are pixel accuracies, and their best round and rounds to the targets follow the
+mIoU (``rounds_to_key`` names the value the rounds count).
 """
 
 from __future__ import annotations
@@ -113,7 +114,10 @@ class RunRecord:
             raise ValueError("no evaluation was recorded")
         rows = self.rows
         final = rows[-1]
-        history = [(r["round"], r["personalized_acc"]) for r in rows]
+        # rounds to the targets on the headline (a segmentation run's mIoU: its pixel accuracy is
+        # mostly background and reaches every target early)
+        headline = "personalized_miou" if final.get("personalized_miou") is not None else "personalized_acc"
+        history = [(r["round"], r[headline]) for r in rows if isinstance(r.get(headline), (int, float))]
         global_history = [(r["round"], r["global_acc"]) for r in rows if r.get("global_acc") is not None]
         # Stage runs add their keys (A_local, A_global, A_part, the stage); other runs' entries are unchanged.
         keys = SUMMARY_KEYS + tuple(k for k in STAGE_KEYS + SEGMENTATION_KEYS if k in final)
@@ -125,6 +129,7 @@ class RunRecord:
                 else dict(zip(("round", "global_acc"), max(global_history, key=lambda h: (h[1], -h[0]))))
             ),
             "rounds_to_accuracy": rounds_to_accuracy(history, self.targets),
+            "rounds_to_key": headline,
             "rounds": rounds,
         }
         names = list(final.get("named") or {})

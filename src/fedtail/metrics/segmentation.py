@@ -114,4 +114,7 @@ SEGMENTATION_KEYS = (
     "tail_iou",
     "global_miou",
     "global_macc",
+    "global_head_iou",
+    "global_middle_iou",
+    "global_tail_iou",
 )

@@ -59,11 +59,17 @@ def first_round_at(rows: list[dict[str, Any]], level: float, key: str = "persona
     return None
 
 
+def headline_key(run: Run) -> str:
+    """The value a run's rounds to a level count: a segmentation run's mIoU, else the accuracy."""
+    final = (run.summary or {}).get("final") or {}
+    return "personalized_miou" if final.get("personalized_miou") is not None else "personalized_acc"
+
+
 def rounds_to_text(runs: list[Run], level: float) -> str:
     """A cell: mean ± std of the rounds over the seeds that reached ``level`` (percent), and how many did."""
     if not runs:
         return DASH
-    reached = [r for r in (first_round_at(run.metrics(), level / 100) for run in runs) if r is not None]
+    reached = [r for r in (first_round_at(run.metrics(), level / 100, headline_key(run)) for run in runs) if r is not None]
     total = len(runs)
     if not reached:
         last = max((run.summary or {}).get("rounds") or 0 for run in runs)

@@ -51,6 +51,8 @@ from fedtail.report.tables import (
     has_segmentation_metrics,
     has_stage_metrics,
     incomplete_cells,
+    per_class_iou_table,
+    segmentation_detail_table,
     segmentation_table,
     stage_table,
 )
@@ -256,6 +258,43 @@ def accuracy_blocks(col: Collection, reference: Reference | None, level: int = 2
             segmentation_table(col, "last10", reference),
             "",
         ]
+        md += segmentation_detail_blocks(col, h)
+    return md
+
+
+def segmentation_detail_blocks(col: Collection, h: str) -> list[str]:
+    """Every segmentation value by name (final round), and the per-class IoU."""
+    md = [
+        f"{h} Final-round segmentation metrics by name (%)",
+        "",
+        "Each value of `summary.json` → `final`, mean ± std over the seeds. Personalised: each client's model on "
+        "its own test images in its own labelling; pixel acc is the share of pixels right, mIoU and mAcc the "
+        "unweighted means over clients, pooled mIoU / mAcc each class's counts summed over the clients whose "
+        "ground truth holds it, head / middle / tail IoU the pooled IoU averaged over the classes ranked by "
+        "training pixel frequency (thirds). Global: the global model on the whole test split, in the data set's "
+        "labelling (only runs with a global model evaluated).",
+        "",
+        segmentation_detail_table(col, "personalised"),
+        "",
+    ]
+    glob = segmentation_detail_table(col, "global")
+    if glob:
+        md += [glob, ""]
+    from fedtail.data.segmentation import CLASS_NAMES  # torch, only for a report of segmentation runs
+
+    datasets = {(r.config or {}).get("dataset") for r in col.runs if r.finished}
+    names = CLASS_NAMES.get(next(iter(datasets)), ()) if len(datasets) == 1 else ()
+    classes = per_class_iou_table(col, names)
+    if classes:
+        md += [
+            f"{h} Per-class IoU, final round (%)",
+            "",
+            "Each class's pooled personalised IoU at the run's last evaluation (`metrics.jsonl` → `per_class_iou`), "
+            "mean over the seeds; — where no client's test images hold the class.",
+            "",
+            classes,
+            "",
+        ]
     return md
 
 
@@ -419,7 +458,9 @@ def masks_figure(col: Collection, setting: str, png: Path) -> Figure | None:
     if not panels or not plot_masks(panels, png, classes, title=f"Predicted masks: {setting} / seed {seed}"):
         return None
     names = ", ".join(label for label, _ in panels)
-    return (f"The first test image of each of the first clients, its true mask in the client's labelling and the "
+    shown = panels[0][1]["images"].shape[1]
+    return (f"The first {shown} test image{'s' * (shown > 1)} of up to 4 clients spread over the client list (the semantic "
+            f"split's classes run from head to tail along it), the true masks in each client's labelling and the "
             f"final masks of {names} ({setting}, seed {seed}; MuPFL's Fig. 9).", png)  # fmt: skip
 
 
@@ -467,7 +508,8 @@ def rounds_to_block(col: Collection, levels: Sequence[float], level: int = 2) ->
         "",
         "For each seed, the first evaluated round whose personalised accuracy is at least the level "
         "(`metrics.jsonl`; exact up to the evaluation interval), then mean ± std over the seeds that reach it; "
-        "“k of n seeds” when some never do, “not reached (R rounds)” when none does within the run's R rounds.",
+        "“k of n seeds” when some never do, “not reached (R rounds)” when none does within the run's R rounds."
+        + (" Segmentation runs count their personalised mIoU, not their pixel accuracy." if has_segmentation_metrics(col) else ""),
         "",
         rounds_to_table(col, levels),
         "",

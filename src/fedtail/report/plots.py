@@ -336,16 +336,25 @@ def plot_class_probabilities(rows: list[dict[str, Any]], path: Path, title: str 
     return True
 
 
-def plot_masks(panels: Sequence[tuple[str, dict[str, np.ndarray]]], path: Path, num_classes: int, rows: int = 4,
+def spread(n: int, k: int) -> list[int]:
+    """``k`` positions of ``range(n)`` evenly spread from the first to the last (all if n <= k)."""
+    if n <= k:
+        return list(range(n))
+    return sorted({round(j * (n - 1) / (k - 1)) for j in range(k)}) if k > 1 else [0]
+
+
+def plot_masks(panels: Sequence[tuple[str, dict[str, np.ndarray]]], path: Path, num_classes: int, clients: int = 4,
                title: str = "") -> bool:
-    """MuPFL's Fig. 9: per sampled test image (one per client, the first clients first) the input, its
-    true mask and each run's predicted mask; ``panels``: (label, a run's ``masks.npz``) pairs of runs
-    on the same partition. Ignored pixels are black. False when no run sampled a mask."""
+    """MuPFL's Fig. 9: per sampled test image the input, its true mask and each run's predicted mask;
+    ``panels``: (label, a run's ``masks.npz``) pairs of runs on the same partition. ``clients``
+    clients spread evenly over the sampled ones (the semantic split gives client k the classes from
+    k·β on, so they span head to tail classes), every image sampled of each. Ignored pixels are black.
+    False when no run sampled a mask."""
     panels = [(label, m) for label, m in panels if len(m["clients"])]
     if not panels:
         return False
     first = panels[0][1]
-    picks = [(i, 0) for i in range(len(first["clients"]))][:rows]
+    picks = [(i, k) for i in spread(len(first["clients"]), clients) for k in range(first["images"].shape[1])]
     cmap = plt.get_cmap("tab20", max(num_classes, 2))
     colours = lambda mask: np.where((mask >= 0)[..., None], cmap(np.clip(mask, 0, None) % 20)[..., :3], 0.0)  # noqa: E731
     cols = 2 + len(panels)
@@ -365,7 +374,7 @@ def plot_masks(panels: Sequence[tuple[str, dict[str, np.ndarray]]], path: Path, 
             if r == 0:
                 ax.set_title(label, fontsize=8)
             if c == 0:
-                ax.set_ylabel(f"client {int(first['clients'][i])}", fontsize=7)
+                ax.set_ylabel(f"client {int(first['clients'][i])}, image {k + 1}", fontsize=7)
     if title:
         fig.suptitle(title, fontsize=9)
     fig.tight_layout()

@@ -14,7 +14,7 @@ import statistics
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from fedtail.errors import ConfigError
 from fedtail.machine import run_capability
@@ -265,6 +265,89 @@ def has_segmentation_metrics(col: Collection) -> bool:
 def segmentation_table(col: Collection, which: str = "final", reference: Reference | None = None) -> str:
     """mIoU / mAcc / global mIoU of ``which``, as :func:`stage_table` lays out the stage metrics."""
     return stage_table(col, which, reference, SEGMENTATION_METRICS)
+
+
+# Every segmentation value of summary.json by name (fedtail.metrics.segmentation), a table each view.
+SEGMENTATION_DETAIL = {
+    "personalised": {
+        "personalized_acc": "pixel acc",
+        "personalized_miou": "mIoU",
+        "personalized_miou_weighted": "pooled mIoU",
+        "personalized_macc": "mAcc",
+        "personalized_macc_weighted": "pooled mAcc",
+        "head_iou": "head IoU",
+        "middle_iou": "middle IoU",
+        "tail_iou": "tail IoU",
+    },
+    "global": {
+        "global_acc": "pixel acc",
+        "global_miou": "mIoU",
+        "global_macc": "mAcc",
+        "global_head_iou": "head IoU",
+        "global_middle_iou": "middle IoU",
+        "global_tail_iou": "tail IoU",
+    },
+}
+
+
+def _mean_text(c: Cell) -> str:
+    if not c.n:
+        return DASH
+    return f"{100 * c.mean:.2f}" + (f" ± {100 * c.std:.2f}" if c.std is not None else "")
+
+
+def _segmentation_cells(col: Collection) -> list[tuple[str, str, list[Run]]]:
+    """(setting, method, finished segmentation runs) of every cell that has some."""
+    out = []
+    for s in col.settings:
+        for m in col.methods:
+            runs = [r for r in col.finished(s, m) if "personalized_miou" in ((r.summary or {}).get("final") or {})]
+            if runs:
+                out.append((s, m, runs))
+    return out
+
+
+def segmentation_detail_table(col: Collection, view: str, which: str = "final") -> str:
+    """Rows = (setting, method) of the segmentation runs, columns = every value of ``view``
+    (:data:`SEGMENTATION_DETAIL`) of summary.json's ``which``: mean ± std over the seeds, in percent."""
+    metrics = SEGMENTATION_DETAIL[view]
+    header = ["setting", "method", "seeds"] + list(metrics.values())
+    rows = []
+    for s, m, runs in _segmentation_cells(col):
+        cells = [cell(runs, which, key) for key in metrics]
+        if view == "global" and not any(c.n for c in cells[1:]):
+            continue  # no global model (personalised-only methods, or eval_global off)
+        rows.append([s, m, str(len(runs))] + [_mean_text(c) for c in cells])
+    return markdown_table(header, rows, ["l", "l", "r"] + ["r"] * len(metrics)) if rows else ""
+
+
+def per_class_iou_table(col: Collection, class_names: Sequence[str] = ()) -> str:
+    """Rows = (setting, method), columns = classes: the pooled personalised IoU of each class
+    (``per_class_iou`` of the run's last evaluation in metrics.jsonl), mean over the seeds; "—"
+    where no client's ground truth holds the class."""
+    cells = _segmentation_cells(col)
+    per_run = {}
+    width = 0
+    for _, _, runs in cells:
+        for r in runs:
+            rows = [row for row in r.metrics() if isinstance(row.get("per_class_iou"), list)]
+            if rows:
+                per_run[r.dir] = rows[-1]["per_class_iou"]
+                width = max(width, len(per_run[r.dir]))
+    if not width:
+        return ""
+    names = [class_names[c] if c < len(class_names) else f"class {c}" for c in range(width)]
+    body = []
+    for s, m, runs in cells:
+        values = [per_run[r.dir] for r in runs if r.dir in per_run]
+        if not values:
+            continue
+        row = [s, m, str(len(values))]
+        for c in range(width):
+            got = [v[c] for v in values if c < len(v) and isinstance(v[c], (int, float))]
+            row.append(f"{100 * statistics.fmean(got):.2f}" if got else DASH)
+        body.append(row)
+    return markdown_table(["setting", "method", "seeds"] + names, body, ["l", "l", "r"] + ["r"] * width)
 
 
 def stage_table(
