@@ -4,7 +4,9 @@
     python benchmarks/papers.py --check   # exit 1 if PAPERS.md is stale or the table names a missing file
 
 The test suite runs ``--check`` (tests/test_benchmark_files.py), so the document cannot drift from
-papers.toml, name a file that does not exist, or miss a table sweep of a benchmark folder.
+papers.toml, name a file that does not exist, miss a table or figure sweep of a benchmark folder,
+leave a runnable row without the command and the file that will show it, or say "not run yet" of
+a row whose sweep has finished runs.
 """
 
 from __future__ import annotations
@@ -47,8 +49,11 @@ def problems(data: dict[str, list[dict]]) -> list[str]:
                 out.append(f"{where}: keys {sorted(row)}; allowed {sorted(KEYS)} (item, measures, status required)")
             if row.get("status") not in STATUSES:
                 out.append(f"{where}: status {row.get('status')!r} is not one of {', '.join(STATUSES)}")
-            if row.get("status") in ("reproduced", "partly") and not (row.get("command") and row.get("files")):
-                out.append(f"{where}: a {row['status']} row names its command and the files that show it")
+            if row.get("status") in ("reproduced", "partly", "runnable") and not (row.get("command") and row.get("files")):
+                out.append(f"{where}: a {row['status']} row names its command and the files that show it (or will)")
+            ran = [p for p in named_sweeps(row) if Path(p).name.startswith(("table", "fig")) and own_finished_runs(p)]
+            if ran and (row.get("status") == "runnable" or "not run yet" in row.get("differs", "")):
+                out.append(f"{where}: says it has not run, but {', '.join(ran)} has finished runs: say what ran")
             if row.get("status") in ("partly", "missing", "not-runnable") and not row.get("differs"):
                 out.append(f"{where}: a {row['status']} row says what differs or is missing (`differs`)")
             for path in row.get("files", []) + re.findall(r"benchmarks/\S+\.(?:toml|sh|py)", row.get("command", "")):
@@ -57,11 +62,36 @@ def problems(data: dict[str, list[dict]]) -> list[str]:
         items = Counter(row.get("item") for row in rows)
         out += [f"{paper}: {item} listed {n} times" for item, n in items.items() if n > 1]
         folder = ROOT / PAPERS[paper][2]
-        for sweep in sorted(folder.glob("table*.toml")):
+        for sweep in sorted([*folder.glob("table*.toml"), *folder.glob("fig*.toml")]):
             rel = sweep.relative_to(ROOT).as_posix()
             if rel not in named:
-                out.append(f"{rel}: a table sweep no row of {SOURCE.name} names")
+                out.append(f"{rel}: a table or figure sweep no row of {SOURCE.name} names")
     return out
+
+
+def named_sweeps(row: dict) -> list[str]:
+    """The sweep files a row's command runs (``fedtail sweep FILE``)."""
+    return re.findall(r"fedtail sweep (benchmarks/\S+?\.toml)", row.get("command", ""))
+
+
+def planned_runs(sweep: Path) -> set[Path]:
+    """The run folders (out/setting/method/seedN) a sweep file plans; empty for other TOML files."""
+    try:
+        spec = tomllib.loads(sweep.read_text())
+    except (OSError, tomllib.TOMLDecodeError):
+        return set()
+    if not isinstance(spec.get("out"), str) or not isinstance(spec.get("methods"), dict):
+        return set()
+    out = ROOT / spec["out"]
+    return {out / s / m / f"seed{seed}" for s in spec.get("settings", {}) for m in spec["methods"]
+            for seed in spec.get("seeds", [0])}  # fmt: skip
+
+
+def own_finished_runs(sweep: str) -> int:
+    """How many runs only ``sweep`` plans (no other sweep file under benchmarks/ shares them) are finished."""
+    path = ROOT / sweep
+    others = set().union(*(planned_runs(p) for p in (ROOT / "benchmarks").glob("*/*.toml") if p != path))
+    return sum((d / "summary.json").is_file() for d in planned_runs(path) - others)
 
 
 def render(data: dict[str, list[dict]]) -> str:

@@ -50,6 +50,30 @@ def test_every_finished_run_is_current_against_its_sweep_file():
     assert not stale, "\n".join(stale)
 
 
+def test_sweep_files_that_share_a_run_folder_plan_the_same_run():
+    """Tables share runs (Table I's FedAvg is Table II's, its MuPFL at fixed κ Table V's): two files
+    that plan one folder with different configs would each find the other's run stale."""
+    from fedtail.sweep.status import config_diff
+
+    planned: dict[Path, tuple[Path, dict]] = {}
+    clashes, shared = [], 0
+    for path in FILES:
+        if "out" not in tomllib.loads(path.read_text()):
+            continue
+        for run in load_sweep(path).runs:
+            here = run.config_dict()
+            key = run.dir.resolve()
+            if key in planned:
+                shared += 1
+                first, config = planned[key]
+                if diffs := list(config_diff(config, here)):
+                    clashes.append(f"{run.dir}: {first.name} vs {path.name}: {'; '.join(diffs)}")
+            else:
+                planned[key] = (path, here)
+    assert shared > 20, "the shared runs were not found"
+    assert not clashes, "\n".join(clashes)
+
+
 def test_papers_md_lists_every_table_and_figure_as_papers_toml_says():
     """benchmarks/PAPERS.md is papers.toml rendered, every file it names exists, every table sweep is named."""
     import importlib.util
@@ -67,4 +91,13 @@ def test_papers_md_lists_every_table_and_figure_as_papers_toml_says():
     broken["fedac"] = [r for r in broken["fedac"] if "table1_fmnist.toml" not in r.get("command", "")]
     found = "\n".join(papers.problems(broken))
     assert "NOPE.md does not exist" in found and "status 'done'" in found
-    assert "benchmarks/fedac/table1_fmnist.toml: a table sweep" in found
+    assert "benchmarks/fedac/table1_fmnist.toml: a table or figure sweep" in found
+    # a runnable row names the file that will show it, and a row whose own runs exist says what ran
+    broken = {k: [dict(r) for r in rows] for k, rows in data.items()}
+    table1 = next(r for r in broken["fedac"] if r["item"] == "Table 1")
+    table1["status"] = "runnable"
+    fig4c = next(r for r in broken["fedac"] if r["item"] == "Fig. 4(c)")
+    del fig4c["files"]
+    found = "\n".join(papers.problems(broken))
+    assert "fedac Table 1: says it has not run, but benchmarks/fedac/table1_fmnist.toml, " in found
+    assert "fedac Fig. 4(c): a runnable row names its command and the files" in found

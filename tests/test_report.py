@@ -203,8 +203,9 @@ def test_costs_table(sweep_dir, tmp_path):
     md = tmp_path / "R.md"
     assert invoke("report", sweep_dir, "--out", md).exit_code == 0
     costs = md.read_text().split("## Costs", 1)[1].split("\n## ")[0]
-    # 2e6 bytes up over 4 rounds = 0.5 MB per round; down is twice that; 120 s = 2 minutes, 10.5 s on the server
-    assert "| fedavg | s-b | 3 | 2.00 | 10.5 | 0.500 | 1.000 | 0.000 | — |" in costs  # no machine recorded
+    # 2e6 bytes up over 4 rounds = 0.5 MB per round; down is twice that; 120 s = 2 minutes (30 s a round),
+    # 10.5 s on the server
+    assert "| fedavg | s-b | 3 | 2.00 | 30.00 | 10.5 | 0.500 | 1.000 | 0.000 | — |" in costs  # no machine recorded
     # 8 finished runs of 2 minutes each (the killed run has no wall time): 16 min
     assert "In total 8 timed runs, 0.3 h of wall time" in costs
 
@@ -222,9 +223,9 @@ def test_costs_table_names_the_instruction_sets_of_the_runs(sweep_dir, tmp_path)
     md = tmp_path / "R.md"
     assert invoke("report", sweep_dir, "--out", md).exit_code == 0
     costs = md.read_text().split("## Costs", 1)[1].split("\n## ")[0]
-    assert "| fedavg | s-b | 3 | 2.00 | 10.5 | 0.500 | 1.000 | 0.000 | AVX2 ×2, AVX2, then AVX512 |" in costs
-    assert "| fedavg | s-a | 3 | 2.00 | 10.5 | 0.500 | 1.000 | 0.000 | ? ×2, AVX512 |" in costs
-    assert "| local | s-b | 2 | 2.00 | 10.5 | 0.500 | 1.000 | 0.000 | — |" in costs
+    assert "| fedavg | s-b | 3 | 2.00 | 30.00 | 10.5 | 0.500 | 1.000 | 0.000 | AVX2 ×2, AVX2, then AVX512 |" in costs
+    assert "| fedavg | s-a | 3 | 2.00 | 30.00 | 10.5 | 0.500 | 1.000 | 0.000 | ? ×2, AVX512 |" in costs
+    assert "| local | s-b | 2 | 2.00 | 30.00 | 10.5 | 0.500 | 1.000 | 0.000 | — |" in costs
 
 
 def test_header_names_commands_and_machine(sweep_dir, tmp_path):

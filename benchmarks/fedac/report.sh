@@ -24,3 +24,5 @@ report path3_validation_fmnist PATH3_VALIDATION \
 report validation_fmnist VALIDATION "FedAC and baselines on Fashion-MNIST: validation runs for the open hyperparameters"
 report validation1000_fmnist VALIDATION1000 "FedAC and baselines on Fashion-MNIST: validation at the full 1000-round budget"
 report fig2_fmnist FIG2 "FedAC's Fig. 2 on Fashion-MNIST: client similarity of data and models (issue 65)"
+report fig3cd_fmnist FIG3CD "FedAC's Fig. 3(c), 3(d) on Fashion-MNIST: LrCos against L2 as the similarity (issue 65)"
+report fig4c_fmnist FIG4C "FedAC's Fig. 4(c) on Fashion-MNIST: G_c against a preset K, cluster-number tuning off (issue 65)"

@@ -302,8 +302,9 @@ def costs_block(table: str, note: str = "") -> list[str]:
     return [
         "## Costs",
         "",
-        "Wall-clock minutes per run and traffic per round in MB (10^6 bytes), means over seeds "
-        f"(`summary.json` → `wall_time_s`, `bytes` / `rounds`); CPU: the instruction set each run ran on "
+        "Wall-clock minutes per run, seconds per round (the runtime per round of the papers' tables) and "
+        "traffic per round in MB (10^6 bytes), means over seeds "
+        f"(`summary.json` → `wall_time_s`, `bytes`, each over `rounds`; evaluations included); CPU: the instruction set each run ran on "
         "(`summary.json` → `pieces`), since the same run takes up to twice as long without AVX-512 "
         f"(\"?\": not recorded).{note}",
         "",
