@@ -11,6 +11,7 @@ a row whose sweep has finished runs.
 
 from __future__ import annotations
 
+import functools
 import re
 import sys
 import tomllib
@@ -74,17 +75,18 @@ def named_sweeps(row: dict) -> list[str]:
     return re.findall(r"fedtail sweep (benchmarks/\S+?\.toml)", row.get("command", ""))
 
 
-def planned_runs(sweep: Path) -> set[Path]:
-    """The run folders (out/setting/method/seedN) a sweep file plans; empty for other TOML files."""
+@functools.cache
+def planned_runs(sweep: Path) -> frozenset[Path]:
+    """The run folders a sweep file plans (as ``fedtail sweep`` does: each method's own seeds, the
+    default setting); empty for other TOML files."""
+    from fedtail.sweep.spec import load_sweep
+
     try:
-        spec = tomllib.loads(sweep.read_text())
+        if "out" not in tomllib.loads(sweep.read_text()):
+            return frozenset()
     except (OSError, tomllib.TOMLDecodeError):
-        return set()
-    if not isinstance(spec.get("out"), str) or not isinstance(spec.get("methods"), dict):
-        return set()
-    out = ROOT / spec["out"]
-    return {out / s / m / f"seed{seed}" for s in spec.get("settings", {}) for m in spec["methods"]
-            for seed in spec.get("seeds", [0])}  # fmt: skip
+        return frozenset()
+    return frozenset((ROOT / run.dir).resolve() for run in load_sweep(sweep).runs)
 
 
 def own_finished_runs(sweep: str) -> int:

@@ -22,8 +22,8 @@ Server, after the sampled clients S_t upload ω_i:
 Interpretations where the paper is silent or inconsistent (each an option or noted here):
 
 - Eq. 4 writes argmin of LrCos, a similarity; the E-step takes the most similar centre.
-- Φ and Ω_k are plain means (Alg. 1 writes sums; Sec. 3 drops |D_i|/N "for a macroscopic
-  view"); ``weighted=true`` weights them by sample counts instead.
+- Φ and Ω_k are plain means (Alg. 1 writes sums; the objectives of Sec. 3 and Eq. 3 weigh the
+  clients equally, (1/m) Σ_i); ``weighted=true`` weights them by sample counts instead.
 - The server keeps each client's last uploaded model, so the E-step, M-step and CNT run over
   every client seen so far, as Alg. 1 writes them over i ∈ [m]. The server computes M·ω_i
   from the upload rather than receiving it (same number; the paper sends it to save compute).

@@ -302,7 +302,7 @@ def costs_block(table: str, note: str = "") -> list[str]:
     return [
         "## Costs",
         "",
-        "Wall-clock minutes per run, seconds per round (the runtime per round of the papers' tables) and "
+        "Wall-clock minutes per run, seconds per round (a runtime that compares runs of different lengths) and "
         "traffic per round in MB (10^6 bytes), means over seeds "
         f"(`summary.json` → `wall_time_s`, `bytes`, each over `rounds`; evaluations included); CPU: the instruction set each run ran on "
         "(`summary.json` → `pieces`), since the same run takes up to twice as long without AVX-512 "
@@ -440,6 +440,19 @@ def class_probabilities_figure(col: Collection, setting: str, method: str, png: 
     return None
 
 
+def head_to_tail(clients: Sequence[int], kept: Sequence[Sequence[int]], pixels: Sequence[int]) -> list[int] | None:
+    """Positions in ``clients`` (client ids), one per first kept class, ordered from the class with the
+    most training pixels to the one with the fewest (ties by class id); None if none keeps a class.
+
+    The semantic split gives client k the classes from k·β on, modulo the classes, so the client
+    list wraps around the classes; ordering by class, not by client id, spans head to tail."""
+    first: dict[int, int] = {}
+    for pos, cid in enumerate(clients):
+        if 0 <= cid < len(kept) and kept[cid] and 0 <= kept[cid][0] < len(pixels):
+            first.setdefault(kept[cid][0], pos)
+    return [first[c] for c in sorted(first, key=lambda c: (-pixels[c], c))] or None
+
+
 def masks_figure(col: Collection, setting: str, png: Path) -> Figure | None:
     """MuPFL's Fig. 9 for one setting: sampled test images, their true masks and the masks of each
     method's first finished seed that wrote ``masks.npz`` (``--sample-masks``), the same seed for all."""
@@ -447,7 +460,7 @@ def masks_figure(col: Collection, setting: str, png: Path) -> Figure | None:
 
     from fedtail.runner import MASKS
 
-    panels, seed, classes = [], None, 0
+    panels, seed, classes, split = [], None, 0, None
     for method in col.methods:
         for run in col.finished(setting, method):
             if (run.dir / MASKS).is_file() and seed in (None, run.seed):
@@ -455,14 +468,17 @@ def masks_figure(col: Collection, setting: str, png: Path) -> Figure | None:
                     panels.append((method, {k: z[k] for k in z.files}))
                 masks = panels[-1][1]
                 seed, classes = run.seed, max(classes, int(masks["truth"].max()) + 1, int(masks["predicted"].max()) + 1)
+                split = split or run.kept_classes()
                 break
-    if not panels or not plot_masks(panels, png, classes, title=f"Predicted masks: {setting} / seed {seed}"):
+    order = head_to_tail([int(c) for c in panels[0][1]["clients"]], *split) if panels and split else None
+    if not panels or not plot_masks(panels, png, classes, title=f"Predicted masks: {setting} / seed {seed}", order=order):
         return None
     names = ", ".join(label for label, _ in panels)
     shown = panels[0][1]["images"].shape[1]
-    return (f"The first {shown} test image{'s' * (shown > 1)} of up to 4 clients spread over the client list (the semantic "
-            f"split's classes run from head to tail along it), the true masks in each client's labelling and the "
-            f"final masks of {names} ({setting}, seed {seed}; MuPFL's Fig. 9).", png)  # fmt: skip
+    spread_over = ("clients of distinct first kept classes, spread from the head class (most training pixels) to the tail"
+                   if order else "clients spread over the client list")
+    return (f"The first {shown} test image{'s' * (shown > 1)} of up to 4 {spread_over}, the true masks in each "
+            f"client's labelling and the final masks of {names} ({setting}, seed {seed}; MuPFL's Fig. 9).", png)  # fmt: skip
 
 
 def acmu_figure(run: Run, setting: str, method: str, png: Path) -> Figure | None:

@@ -82,6 +82,16 @@ class Run:
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
+    def kept_classes(self) -> tuple[list[list[int]], list[int]] | None:
+        """A semantic split's classes each client keeps and the training pixels per class, from
+        ``partition.json``; None where the folder has none or the split keeps no classes."""
+        try:
+            part = json.loads(read_record(self.dir, "partition.json") or "")
+            kept = [[int(c) for c in client["classes"]] for client in part["clients"]]
+            return kept, [int(v) for v in part["global_train_pixel_counts"]]
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
     def evaluations(self) -> list[dict[str, Any]]:
         """The rows of :meth:`metrics` with a round and a personalised accuracy (evaluated rounds)."""
         return [

@@ -344,17 +344,18 @@ def spread(n: int, k: int) -> list[int]:
 
 
 def plot_masks(panels: Sequence[tuple[str, dict[str, np.ndarray]]], path: Path, num_classes: int, clients: int = 4,
-               title: str = "") -> bool:
+               title: str = "", order: Sequence[int] | None = None) -> bool:
     """MuPFL's Fig. 9: per sampled test image the input, its true mask and each run's predicted mask;
     ``panels``: (label, a run's ``masks.npz``) pairs of runs on the same partition. ``clients``
-    clients spread evenly over the sampled ones (the semantic split gives client k the classes from
-    k·β on, so they span head to tail classes), every image sampled of each. Ignored pixels are black.
-    False when no run sampled a mask."""
+    clients spread evenly over ``order`` (positions in the sampled clients, e.g. head to tail
+    classes; default: their order), every image sampled of each. Ignored pixels are black. False
+    when no run sampled a mask."""
     panels = [(label, m) for label, m in panels if len(m["clients"])]
     if not panels:
         return False
     first = panels[0][1]
-    picks = [(i, k) for i in spread(len(first["clients"]), clients) for k in range(first["images"].shape[1])]
+    order = list(range(len(first["clients"]))) if order is None else list(order)
+    picks = [(order[j], k) for j in spread(len(order), clients) for k in range(first["images"].shape[1])]
     cmap = plt.get_cmap("tab20", max(num_classes, 2))
     colours = lambda mask: np.where((mask >= 0)[..., None], cmap(np.clip(mask, 0, None) % 20)[..., :3], 0.0)  # noqa: E731
     cols = 2 + len(panels)

@@ -419,7 +419,7 @@ def costs_table_of(groups: list[tuple[str, str, list[Run]]]) -> str:
         if not runs:
             continue
         wall: list[float] = []
-        wall_round: list[float] = []  # the runtime per round FedReMa's Table 4 and Sec. 5's δ study report
+        wall_round: list[float] = []  # runtime per round: compares runs of different lengths
         server: list[float] = []
         per_round: dict[str, list[float]] = {"up": [], "down": [], "edge_up": []}
         for run in runs:

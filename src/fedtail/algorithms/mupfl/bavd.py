@@ -39,8 +39,9 @@ defaults are Eq. 6 as written (accumulated map, ψ as written, no rescaling).
   for each batch within a given local epoch" (Sec. 3.3) and "updating activation maps personalized
   to each local model's epoch" (Sec. 1) read; ``"round"``, it starts again at every round, as
   Algorithm 1 hands CLIENTUPDATE the initial map M_i0 (line 6) and the client returns the map it
-  made (line 21); ``"batch"`` (the reading chosen at lr 0.005; it diverges at 0.01), the mask comes from this batch's
-  mean activation alone (M^(0) of Eq. 6 every step), the uploaded map following Eq. 6 accumulated.
+  made (line 21); ``"batch"`` (the reading chosen at lr 0.005; rescaled, it diverges at 0.01),
+  the mask comes from this batch's mean activation alone (M^(0) of Eq. 6 every step), the
+  uploaded map following Eq. 6 accumulated.
   With ``"epoch"`` / ``"round"`` the uploaded map is the one of the last epoch / of the round.
 - ``eval_mask``: at evaluation the layer applies the mask of the client's stored map too (not
   rescaled), the variant of Sec. 3.1 "which retains only high activation values"; otherwise (the
