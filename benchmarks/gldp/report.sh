@@ -17,17 +17,14 @@ cd "$(dirname "$0")/../.."
   --sweep benchmarks/gldp/probe_fmnist.toml \
   --out benchmarks/gldp/PROBE.md \
   --title "GLDP and baselines on Fashion-MNIST: cost probe (2 rounds of global optimisation)"
-# Tiny-ImageNet (issue 65): runs only where the data is present; the cells show "—" until then.
-.venv/bin/fedtail report \
-  --sweep benchmarks/gldp/tinyimagenet.toml \
-  --reference benchmarks/gldp/paper_tinyimagenet.toml \
-  --out benchmarks/gldp/TINYIMAGENET.md \
-  --title "GLDP (STHFL) and baselines on Tiny-ImageNet: Tables 1-3 (runs where the data is present)" \
-  --command "fedtail sweep benchmarks/gldp/tinyimagenet.toml"
-# CIFAR-100 (issue 65): the 20- and 30-class settings, runs only where the data is present.
-.venv/bin/fedtail report \
-  --sweep benchmarks/gldp/cifar100.toml \
-  --reference benchmarks/gldp/paper_cifar100.toml \
-  --out benchmarks/gldp/CIFAR100.md \
-  --title "GLDP (STHFL) and baselines on CIFAR-100: Tables 1-3, 20 and 30 classes per client (runs where the data is present)" \
-  --command "fedtail sweep benchmarks/gldp/cifar100.toml"
+# The data sets that cannot be downloaded here (issue 65): their sweeps run only where the data is
+# present, and the cells show "—" until then. data_report SWEEP-STEM OUT-STEM TITLE writes OUT-STEM.md
+# beside the paper's numbers in paper_SWEEP-STEM.toml.
+data_report() {
+  .venv/bin/fedtail report --sweep "benchmarks/gldp/$1.toml" --reference "benchmarks/gldp/paper_$1.toml" \
+    --out "benchmarks/gldp/$2.md" --title "$3" --command "fedtail sweep benchmarks/gldp/$1.toml"
+}
+data_report tinyimagenet TINYIMAGENET \
+  "GLDP (STHFL) and baselines on Tiny-ImageNet: Tables 1-3 (runs where the data is present)"
+data_report cifar100 CIFAR100 \
+  "GLDP (STHFL) and baselines on CIFAR-100: Tables 1-3, 20 and 30 classes per client (runs where the data is present)"
